@@ -1,0 +1,1 @@
+"""The API role: HTTP, validation, enqueueing and SSE relay. Imports neither torch nor transformers."""

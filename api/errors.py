@@ -1,0 +1,165 @@
+"""OpenAI error envelopes: every error leaves the API as
+``{"error": {"message", "type", "param", "code"}}`` with a 4xx (or 5xx) status.
+
+Validation errors become 400 (never FastAPI's 422) with ``param`` naming the
+field the way OpenAI does (``input[0].content``) and a code saying what is
+wrong: ``missing_required_parameter``, ``unknown_parameter``, ``invalid_type``,
+``invalid_value`` or ``unsupported_parameter``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from api.http import json_response
+
+log = logging.getLogger(__name__)
+
+
+class OpenAIError(Exception):
+    """An error the API reports to the client in OpenAI's shape."""
+
+    def __init__(
+        self,
+        status_code: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",  # noqa: A002 - OpenAI's field name
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        """The JSON envelope."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def invalid_value(message: str, param: str | None, code: str = "invalid_value") -> OpenAIError:
+    """A 400 for a bad value of ``param``."""
+    return OpenAIError(400, message, param=param, code=code)
+
+
+def response_not_found(response_id: str) -> OpenAIError:
+    """The 404 for an unknown (or foreign, or expired) response id."""
+    return OpenAIError(404, f"Response with id '{response_id}' not found.", param="response_id", code=None)
+
+
+_TYPE_ERRORS = re.compile(r"(_type$|_parsing$|^model_attributes_type$|^is_instance_of$|^dict_type$)")
+_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Union branches pydantic names in `loc`, which are not fields.
+_NOT_FIELDS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "function", "other", "mode"})
+
+
+def _param_path(loc: Sequence[int | str], skip_tags: bool = True) -> str | None:
+    parts: list[str] = []
+    for index, component in enumerate(loc):
+        if index == 0 and component == "body":
+            continue
+        if isinstance(component, int):
+            if parts:
+                parts[-1] += f"[{component}]"
+            continue
+        if not _WORD.match(component):
+            continue  # e.g. "list[tagged-union[...]]", "function-after[...]"
+        if skip_tags and component in _NOT_FIELDS | {
+            "message",
+            "function_call",
+            "function_call_output",
+            "reasoning",
+            "item_reference",
+            "input_text",
+            "output_text",
+            "refusal",
+        }:
+            # A tag name appears right after an index; a real field never does.
+            if index > 0 and isinstance(loc[index - 1], int):
+                continue
+            if component in _NOT_FIELDS:
+                continue
+        parts.append(component)
+    return ".".join(parts) or None
+
+
+def _pick(errors: Sequence[Any]) -> dict[str, Any]:
+    # For unions pydantic reports one error per branch; the deepest names the real culprit,
+    # and errors we raise on purpose (unsupported, limits) beat type mismatches of other branches.
+    def rank(error: dict[str, Any]) -> tuple[int, int]:
+        custom = 1 if error["type"] in ("unsupported_parameter", "metadata_limit") else 0
+        return (custom, len(error["loc"]))
+
+    return max(errors, key=rank)
+
+
+def validation_error_to_openai(errors: Sequence[Any]) -> OpenAIError:
+    """One OpenAI error for pydantic's list of errors."""
+    if not errors:
+        return invalid_value("The request is invalid.", None)
+    error = _pick(errors)
+    kind: str = error["type"]
+    param = _param_path(error["loc"])
+    if kind == "json_invalid":
+        return OpenAIError(
+            400,
+            "We could not parse the JSON body of your request. The body must be a JSON object.",
+            code="invalid_json",
+        )
+    if kind == "missing":
+        return invalid_value(f"Missing required parameter: '{param}'.", param, "missing_required_parameter")
+    if kind == "extra_forbidden":
+        return invalid_value(f"Unknown parameter: '{param}'.", param, "unknown_parameter")
+    if kind == "unsupported_parameter":
+        return invalid_value(str(error["msg"]), param, "unsupported_parameter")
+    if kind == "union_tag_invalid":
+        return invalid_value(f"Invalid value for '{param}': unknown type.", param)
+    if _TYPE_ERRORS.search(kind):
+        return invalid_value(f"Invalid type for '{param}': {error['msg']}.", param, "invalid_type")
+    return invalid_value(f"Invalid value for '{param}': {error['msg']}.", param)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every error through the OpenAI envelope."""
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(_: Request, exc: OpenAIError) -> Response:
+        return json_response(exc.body(), status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> Response:
+        error = validation_error_to_openai(exc.errors())
+        return json_response(error.body(), status_code=error.status_code)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        messages = {404: "Not found.", 405: "Method not allowed.", 413: "Request body too large."}
+        error = OpenAIError(
+            exc.status_code,
+            str(exc.detail)
+            if exc.detail and exc.detail not in ("Not Found",)
+            else messages.get(exc.status_code, ""),
+            type="invalid_request_error",
+        )
+        return json_response(error.body(), status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> Response:
+        log.exception("unhandled error")
+        error = OpenAIError(
+            500, "The server had an error while processing your request.", type="server_error"
+        )
+        return json_response(error.body(), status_code=500)

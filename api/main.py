@@ -1,0 +1,35 @@
+"""Assemble the FastAPI app (``uvicorn --factory api.main:create_app``)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from api.errors import install_error_handlers
+from api.routes import health, models, responses
+from api.state import AppState
+from resq import __version__
+from resq.settings import Settings, get_settings
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The resq API for ``settings`` (default: from the environment)."""
+    resolved = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state = AppState.build(resolved)
+        app.state.resq = state
+        try:
+            yield
+        finally:
+            await state.close()
+
+    app = FastAPI(title="resq", version=__version__, lifespan=lifespan)
+    install_error_handlers(app)
+    app.include_router(responses.router)
+    app.include_router(models.router)
+    app.include_router(health.router)
+    return app

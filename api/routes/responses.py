@@ -1,0 +1,94 @@
+"""``/v1/responses``: create (streaming or not, background or not)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import anyio
+from fastapi import APIRouter, Request
+from sse_starlette import EventSourceResponse
+from starlette.responses import Response
+
+from api.deps import StateDep
+from api.errors import OpenAIError
+from api.http import json_response, raw_json_response
+from api.relay import follow_events, sse_frame, wait_for_terminal
+from api.schemas import CreateResponseRequest
+from api.state import AppState
+from api.submission import Accepted, accept
+from resq import keys
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/v1")
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+CLEANUP_TIMEOUT_S = 5.0
+
+
+async def _cancel_generation(state: AppState, response_id: str) -> None:
+    """Tell the GPU worker to stop generating ``response_id`` (the client left)."""
+    with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_TIMEOUT_S):
+        await state.redis.set(keys.cancel(response_id), "1", ex=state.settings.transient_ttl_s)
+        log.info("client left %s before it ended; generation cancelled", response_id)
+
+
+async def _forget_unstored(state: AppState, response_id: str) -> None:
+    """Drop the keys of a ``store=false`` response once its client has it."""
+    with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_TIMEOUT_S):
+        await state.redis.delete(*keys.all_keys(response_id))
+
+
+async def _stream_new_response(state: AppState, accepted: Accepted) -> AsyncIterator[bytes]:
+    finished = False
+    try:
+        async for event_type, data in follow_events(state.redis, accepted.response_id):
+            yield sse_frame(event_type, data)
+        finished = True
+    finally:
+        if not finished and not accepted.background:
+            await _cancel_generation(state, accepted.response_id)
+        if finished and not accepted.store:
+            await _forget_unstored(state, accepted.response_id)
+
+
+@router.post("/responses", response_model=None)
+async def create_response(body: CreateResponseRequest, state: StateDep, request: Request) -> Response:
+    """Create a response; ``stream`` picks SSE or one JSON body, ``background`` returns at once."""
+    accepted = await accept(state, body)
+    if body.stream:
+        return EventSourceResponse(
+            _stream_new_response(state, accepted),
+            ping=state.settings.sse_ping_s,
+            sep="\n",
+            headers=SSE_HEADERS,
+        )
+    if accepted.background:
+        return json_response(accepted.created)
+    return await _wait_for_final(state, accepted, request)
+
+
+async def _wait_for_final(state: AppState, accepted: Accepted, request: Request) -> Response:
+    response_id = accepted.response_id
+    async with anyio.create_task_group() as group:
+        result: list[bytes | None] = []
+
+        async def wait() -> None:
+            result.append(await wait_for_terminal(state.redis, response_id))
+            group.cancel_scope.cancel()
+
+        async def watch_client() -> None:
+            # A non-streaming client that hangs up must not keep the GPU busy either.
+            while not await request.is_disconnected():
+                await anyio.sleep(0.5)
+            await _cancel_generation(state, response_id)
+            group.cancel_scope.cancel()
+
+        group.start_soon(wait)
+        group.start_soon(watch_client)
+    if not result or result[0] is None:
+        raise OpenAIError(500, "The response vanished before it completed.", type="server_error")
+    if not accepted.store:
+        await _forget_unstored(state, response_id)
+    return raw_json_response(result[0])

@@ -1,0 +1,384 @@
+"""The ``POST /v1/responses`` request body, validated strictly.
+
+Unknown fields are refused (``unknown_parameter``), and fields OpenAI defines
+but resq does not implement are refused with ``unsupported_parameter`` naming
+them, rather than silently ignored. ``null`` counts as absent for optional
+fields, as the SDK omits what the caller leaves out anyway.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
+
+METADATA_MAX_KEYS = 16
+METADATA_MAX_KEY_CHARS = 64
+METADATA_MAX_VALUE_CHARS = 512
+
+
+def unsupported(what: str) -> PydanticCustomError:
+    """The validation error for a parameter resq does not implement."""
+    return PydanticCustomError(
+        "unsupported_parameter", "{what} is not supported by this server.", {"what": what}
+    )
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- content parts -------------------------------------------------------------------------------
+
+
+class InputTextPart(_Strict):
+    """``{"type": "input_text", "text": ...}``."""
+
+    type: Literal["input_text"]
+    text: str
+
+
+class OutputTextPart(_Strict):
+    """An ``output_text`` part, as clients echo earlier assistant output."""
+
+    type: Literal["output_text"]
+    text: str
+    annotations: list[Any] | None = None
+    logprobs: list[Any] | None = None
+
+
+class RefusalPart(_Strict):
+    """A ``refusal`` part of an echoed assistant message."""
+
+    type: Literal["refusal"]
+    refusal: str
+
+
+class UnsupportedPart(BaseModel):
+    """Images, files and audio: resq serves text-only models."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _refuse(cls, value: str) -> str:
+        raise unsupported(f"Content of type {value!r}")
+
+
+def _part_tag(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return kind if kind in ("input_text", "output_text", "refusal") else "other"
+
+
+ContentPart = Annotated[
+    Annotated[InputTextPart, Tag("input_text")]
+    | Annotated[OutputTextPart, Tag("output_text")]
+    | Annotated[RefusalPart, Tag("refusal")]
+    | Annotated[UnsupportedPart, Tag("other")],
+    Discriminator(_part_tag),
+]
+
+
+# --- input items ---------------------------------------------------------------------------------
+
+
+class MessageItem(_Strict):
+    """A message: easy form (no ``type``) or typed; content as text or parts."""
+
+    type: Literal["message"] | None = None
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[ContentPart]
+    id: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+    phase: Any = None
+
+
+class FunctionCallItem(_Strict):
+    """A ``function_call`` the model made in an earlier turn."""
+
+    type: Literal["function_call"]
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: str
+    id: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+    namespace: str | None = None
+
+
+class FunctionCallOutputItem(_Strict):
+    """The caller's result of a ``function_call``."""
+
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1)
+    output: str | list[ContentPart]
+    id: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+class SummaryTextPart(_Strict):
+    """A reasoning summary part."""
+
+    type: Literal["summary_text"]
+    text: str
+
+
+class ReasoningTextPart(_Strict):
+    """A raw reasoning text part."""
+
+    type: Literal["reasoning_text"]
+    text: str
+
+
+class ReasoningItem(_Strict):
+    """A ``reasoning`` item echoed back by the client."""
+
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[SummaryTextPart] = Field(default_factory=list)
+    content: list[ReasoningTextPart] | None = None
+    encrypted_content: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+class ItemReference(_Strict):
+    """``{"type": "item_reference", "id": ...}``: an item of an earlier stored response."""
+
+    type: Literal["item_reference"]
+    id: str = Field(min_length=1)
+
+
+class UnsupportedItem(BaseModel):
+    """Built-in tool calls and other items resq has no tools for."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _refuse(cls, value: str) -> str:
+        raise unsupported(f"Input items of type {value!r}")
+
+
+_ITEM_TAGS = ("message", "function_call", "function_call_output", "reasoning", "item_reference")
+
+
+def _item_tag(value: Any) -> str:
+    kind = value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", None)
+    if kind is None:
+        return "message"
+    return kind if kind in _ITEM_TAGS else "other"
+
+
+InputItem = Annotated[
+    Annotated[MessageItem, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[ReasoningItem, Tag("reasoning")]
+    | Annotated[ItemReference, Tag("item_reference")]
+    | Annotated[UnsupportedItem, Tag("other")],
+    Discriminator(_item_tag),
+]
+
+
+# --- tools ---------------------------------------------------------------------------------------
+
+
+class FunctionTool(_Strict):
+    """A function the model may call."""
+
+    type: Literal["function"]
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+    defer_loading: bool | None = None
+
+
+class UnsupportedTool(BaseModel):
+    """Built-in tools (web search, file search, ...)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _refuse(cls, value: str) -> str:
+        raise unsupported(f"Tools of type {value!r}")
+
+
+def _tool_tag(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return "function" if kind == "function" else "other"
+
+
+Tool = Annotated[
+    Annotated[FunctionTool, Tag("function")] | Annotated[UnsupportedTool, Tag("other")],
+    Discriminator(_tool_tag),
+]
+
+
+class FunctionToolChoice(_Strict):
+    """``{"type": "function", "name": ...}``: the model must call this function."""
+
+    type: Literal["function"]
+    name: str = Field(min_length=1)
+
+
+class UnsupportedToolChoice(BaseModel):
+    """Tool choices for built-in tools or tool lists resq cannot enforce."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _refuse(cls, value: str) -> str:
+        raise unsupported(f"tool_choice of type {value!r}")
+
+
+def _tool_choice_tag(value: Any) -> str:
+    if isinstance(value, str):
+        return "mode"
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return "function" if kind == "function" else "other"
+
+
+ToolChoice = Annotated[
+    Annotated[Literal["none", "auto", "required"], Tag("mode")]
+    | Annotated[FunctionToolChoice, Tag("function")]
+    | Annotated[UnsupportedToolChoice, Tag("other")],
+    Discriminator(_tool_choice_tag),
+]
+
+
+# --- text, reasoning, stream options ------------------------------------------------------------
+
+
+class TextFormat(_Strict):
+    """Only plain text output is supported."""
+
+    type: Literal["text"]
+
+
+class TextConfig(_Strict):
+    """``text``: output format and verbosity."""
+
+    format: TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+    @field_validator("format", mode="before")
+    @classmethod
+    def _only_text(cls, value: Any) -> Any:
+        if isinstance(value, dict) and value.get("type") in ("json_schema", "json_object"):
+            raise unsupported(f"text.format of type {value['type']!r}")
+        return value
+
+
+class ReasoningConfig(_Strict):
+    """``reasoning``: effort and summary preferences (echoed)."""
+
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+
+
+class StreamOptions(_Strict):
+    """``stream_options``: resq never obfuscates, so ``include_obfuscation`` is moot."""
+
+    include_obfuscation: bool | None = None
+
+
+# --- the request ---------------------------------------------------------------------------------
+
+UNSUPPORTED_FIELDS = (
+    "access_programs",
+    "background_options",
+    "context_management",
+    "conversation",
+    "image",
+    "moderation",
+    "prompt",
+    "prompt_cache_options",
+    "include",
+    "top_logprobs",
+)
+
+
+class CreateResponseRequest(_Strict):
+    """``POST /v1/responses``."""
+
+    model: str = Field(min_length=1)
+    input: str | list[InputItem] | None = None
+    instructions: str | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    background: bool | None = None
+    store: bool | None = None
+    previous_response_id: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    max_tool_calls: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    metadata: dict[str, str] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
+    truncation: Literal["disabled"] | None = None
+    user: str | None = Field(None, max_length=256)
+    safety_identifier: str | None = Field(None, max_length=128)
+    prompt_cache_key: str | None = Field(None, max_length=256)
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    service_tier: Literal["auto", "default"] | None = None
+
+    access_programs: Any = None
+    background_options: Any = None
+    context_management: Any = None
+    conversation: Any = None
+    image: Any = None
+    moderation: Any = None
+    prompt: Any = None
+    prompt_cache_options: Any = None
+    include: Any = None
+    top_logprobs: Any = None
+
+    @field_validator(*UNSUPPORTED_FIELDS, mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, value: Any, info: Any) -> Any:
+        if value is None or (info.field_name == "include" and value == []):
+            return value
+        raise unsupported(f"The parameter {info.field_name!r}")
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_limits(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is None:
+            return value
+        if len(value) > METADATA_MAX_KEYS:
+            raise PydanticCustomError(
+                "metadata_limit", "metadata may hold at most {limit} keys.", {"limit": METADATA_MAX_KEYS}
+            )
+        for key, item in value.items():
+            if len(key) > METADATA_MAX_KEY_CHARS:
+                raise PydanticCustomError(
+                    "metadata_limit",
+                    "metadata keys may be at most {limit} characters.",
+                    {"limit": METADATA_MAX_KEY_CHARS},
+                )
+            if len(item) > METADATA_MAX_VALUE_CHARS:
+                raise PydanticCustomError(
+                    "metadata_limit",
+                    "metadata values may be at most {limit} characters.",
+                    {"limit": METADATA_MAX_VALUE_CHARS},
+                )
+        return value

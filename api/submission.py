@@ -1,0 +1,226 @@
+"""Accepting a request: prompt, limits, the response record, and the two Celery messages."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from api.errors import OpenAIError, invalid_value
+from api.schemas import CreateResponseRequest
+from api.state import AppState
+from resq import ids, jsonutil, keys
+from resq.catalog import TextTokenizer
+from resq.chat_template import ChatTemplateError
+from resq.conversation import input_to_items, items_to_messages
+from resq.events import builders as build
+from resq.events import types
+from resq.events.emitter import EncodedEvent, EventEmitter
+from resq.options import ProcessingOptions
+from resq.wire import GenerationJob
+
+DEFAULT_TEMPERATURE = 1.0
+DEFAULT_TOP_P = 1.0
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A response the API has recorded and enqueued."""
+
+    response_id: str
+    created: dict[str, Any]
+    background: bool
+    store: bool
+    logged_events: list[EncodedEvent]
+
+
+def _tool_schemas(request: CreateResponseRequest) -> list[dict[str, Any]] | None:
+    if not request.tools or request.tool_choice == "none":
+        return None
+    schemas = []
+    for tool in request.tools:
+        function: dict[str, Any] = {"name": tool.name}  # type: ignore[union-attr]
+        if tool.description is not None:  # type: ignore[union-attr]
+            function["description"] = tool.description  # type: ignore[union-attr]
+        function["parameters"] = tool.parameters or {"type": "object", "properties": {}}  # type: ignore[union-attr]
+        schemas.append({"type": "function", "function": function})
+    return schemas
+
+
+def initial_response(
+    request: CreateResponseRequest, response_id: str, model: str, background: bool, store: bool
+) -> dict[str, Any]:
+    """The Response as ``response.created`` shows it: every SDK field, output empty."""
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "queued" if background else "in_progress",
+        "background": background,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": request.instructions,
+        "max_output_tokens": request.max_output_tokens,
+        "max_tool_calls": request.max_tool_calls,
+        "metadata": request.metadata or {},
+        "model": model,
+        "output": [],
+        "parallel_tool_calls": True if request.parallel_tool_calls is None else request.parallel_tool_calls,
+        "previous_response_id": request.previous_response_id,
+        "prompt_cache_key": request.prompt_cache_key,
+        "reasoning": request.reasoning.model_dump()
+        if request.reasoning
+        else {"effort": None, "summary": None},
+        "safety_identifier": request.safety_identifier,
+        "service_tier": request.service_tier or "default",
+        "store": store,
+        "temperature": DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
+        "text": {"format": {"type": "text"}, "verbosity": request.text.verbosity if request.text else None}
+        if request.text and request.text.verbosity
+        else {"format": {"type": "text"}},
+        "tool_choice": _tool_choice_echo(request),
+        "tools": [tool.model_dump(exclude_none=True) for tool in request.tools or []],
+        "top_logprobs": 0,
+        "top_p": DEFAULT_TOP_P if request.top_p is None else request.top_p,
+        "truncation": "disabled",
+        "usage": None,
+        "user": request.user,
+        "completed_at": None,
+    }
+
+
+def _tool_choice_echo(request: CreateResponseRequest) -> Any:
+    choice = request.tool_choice
+    if choice is None:
+        return "auto"
+    if isinstance(choice, str):
+        return choice
+    return choice.model_dump()
+
+
+def render_prompt(
+    tokenizer: TextTokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> list[int]:
+    """Prompt token ids of the conversation, through the model's chat template."""
+    try:
+        text = tokenizer.render(messages, tools)
+    except ChatTemplateError as exc:
+        raise invalid_value(
+            f"The model's chat template rejected the input: {exc}", "input", "invalid_prompt"
+        ) from exc
+    token_ids = tokenizer.encode(text)
+    if not token_ids:
+        raise invalid_value("The input renders to an empty prompt.", "input")
+    return token_ids
+
+
+def generation_limit(
+    request: CreateResponseRequest, prompt_tokens: int, context_length: int, default: int
+) -> int:
+    """``max_new_tokens`` for the engine; 400 when the prompt leaves no room."""
+    wanted = request.max_output_tokens or default
+    room = context_length - prompt_tokens
+    if room < 1 or (request.max_output_tokens is not None and room < request.max_output_tokens):
+        raise OpenAIError(
+            400,
+            f"This model's maximum context length is {context_length} tokens. However, your input has "
+            f"{prompt_tokens} tokens and asks for {wanted} output tokens. Please reduce the input or "
+            "max_output_tokens.",
+            param="input",
+            code="context_length_exceeded",
+        )
+    return min(wanted, room)
+
+
+async def accept(state: AppState, request: CreateResponseRequest) -> Accepted:
+    """Validate what pydantic cannot, record the response, log its first events, and enqueue it."""
+    settings = state.settings
+    background = bool(request.background)
+    store = True if request.store is None else request.store
+    if background and not store:
+        raise invalid_value("Background responses require 'store' to be true.", "background")
+
+    tokenizer = await state.catalog.get(request.model)
+    if tokenizer is None:
+        raise OpenAIError(
+            404,
+            f"The model '{request.model}' does not exist or you do not have access to it.",
+            param="model",
+            code="model_not_found",
+        )
+    items = input_to_items(
+        [item.model_dump(exclude_none=True) for item in request.input]
+        if isinstance(request.input, list)
+        else request.input
+    )
+    if not items:
+        raise invalid_value("Missing required parameter: 'input'.", "input", "missing_required_parameter")
+    try:
+        messages = items_to_messages(items, request.instructions)
+    except ValueError as exc:
+        raise invalid_value(str(exc), "input") from exc
+    tools = _tool_schemas(request)
+    prompt_ids = render_prompt(tokenizer, messages, tools)
+    limit = generation_limit(
+        request, len(prompt_ids), tokenizer.card.context_length, settings.default_max_output_tokens
+    )
+
+    response_id = ids.new_response_id()
+    model = tokenizer.card.name
+    created = initial_response(request, response_id, model, background, store)
+    emitter = EventEmitter(0)
+    logged = [emitter.emit(build.response_event(types.CREATED, created))]
+    if background:
+        logged.append(emitter.emit(build.response_event(types.QUEUED, created)))
+    options = ProcessingOptions(
+        model=model,
+        background=background,
+        store=store,
+        first_sequence_number=len(logged),
+        tools_enabled=tools is not None,
+    )
+    input_record = {
+        "items": [
+            {**item, "id": item.get("id") or ids.input_item_id(response_id, index)}
+            for index, item in enumerate(items)
+        ],
+        "messages": messages,
+    }
+
+    created_json = jsonutil.dumps(created)
+    ttl = settings.transient_ttl_s
+    pipe = state.redis.pipeline(transaction=True)
+    pipe.hset(
+        keys.record(response_id),
+        mapping={
+            "status": created["status"],
+            "created": created_json,
+            "response": created_json,
+            "options": options.model_dump_json(),
+            "store": "1" if store else "0",
+            "background": "1" if background else "0",
+            "owner": "",
+        },
+    )
+    pipe.expire(keys.record(response_id), ttl)
+    for event in logged:
+        pipe.xadd(
+            keys.events(response_id),
+            {"type": event.type, "data": event.data},
+            id=keys.event_entry_id(event.sequence_number),
+        )
+    pipe.expire(keys.events(response_id), ttl)
+    pipe.set(keys.input_items(response_id), jsonutil.dumps(input_record), ex=ttl)
+    await pipe.execute()
+
+    job = GenerationJob(
+        response_id=response_id,
+        model=model,
+        prompt_token_ids=prompt_ids,
+        max_output_tokens=limit,
+        temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
+        top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
+    )
+    await state.start_postprocessing(response_id)
+    await state.send_task(keys.GENERATE_TASK, keys.GENERATE_QUEUE, {"job": job.model_dump()})
+    return Accepted(response_id, created, background, store, logged)

@@ -1,0 +1,1 @@
+"""The GPU worker role: the model, the continuous-batching engine, and token publishing."""

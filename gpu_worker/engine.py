@@ -1,0 +1,151 @@
+"""The generation engine: transformers' continuous batching, sized from settings.
+
+Concurrent requests share engine steps (``model.init_continuous_batching``). The
+engine runs in its own thread; finished and streaming outputs land on a queue
+that :mod:`gpu_worker.publisher` drains, off the engine's critical path.
+
+Sampling is per request through transformers' per-request logits processors:
+temperature, top-p, and top-k = 1 for greedy (``temperature: 0``), since the
+engine's argmax/sampling switch is global.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+from typing import Any
+
+import torch
+from transformers import GenerationConfig
+from transformers.generation.configuration_utils import ContinuousBatchingConfig
+from transformers.generation.continuous_batching.requests import GenerationOutput
+
+from gpu_worker.model_loading import LoadedModel
+from resq.settings import Settings
+from resq.wire import GenerationJob
+
+log = logging.getLogger(__name__)
+
+CPU_DEFAULT_KV_CACHE_TOKENS = 16384
+# Defaults that differ from transformers' "no-op" values, so that transformers builds
+# the temperature, top-k and top-p processors; every request overrides all three.
+_PROCESSOR_DEFAULT_TEMPERATURE = 0.7
+_PROCESSOR_DEFAULT_TOP_P = 0.95
+
+
+class EngineStoppedError(RuntimeError):
+    """The engine thread is gone; no request can be added."""
+
+
+class Engine:
+    """One continuous-batching manager and the admission slots in front of it."""
+
+    def __init__(self, loaded: LoadedModel, settings: Settings) -> None:
+        self._loaded = loaded
+        self._vocab_size = int(loaded.model.config.get_text_config().vocab_size)
+        self.eos_token_ids = frozenset(loaded.card.eos_token_ids)
+        self.context_length = loaded.card.context_length
+        self.max_batch = settings.max_batch
+        self._slots = threading.BoundedSemaphore(settings.max_batch)
+        generation_config = GenerationConfig(
+            do_sample=True,
+            temperature=_PROCESSOR_DEFAULT_TEMPERATURE,
+            top_k=self._vocab_size,
+            top_p=_PROCESSOR_DEFAULT_TOP_P,
+            max_new_tokens=settings.default_max_output_tokens,
+            eos_token_id=list(loaded.card.eos_token_ids) or -1,
+            pad_token_id=loaded.tokenizer.pad_token_id,
+        )
+        self._manager = loaded.model.init_continuous_batching(
+            generation_config=generation_config,
+            continuous_batching_config=self._batching_config(settings, loaded.device),
+        )
+
+    @staticmethod
+    def _batching_config(settings: Settings, device: torch.device) -> ContinuousBatchingConfig:
+        cache_tokens = settings.kv_cache_tokens
+        if cache_tokens is None and device.type != "cuda":
+            # Left alone, transformers sizes the cache from ~90% of free RAM on CPU: slow
+            # (masks grow with the cache) and an invitation to the OOM killer.
+            cache_tokens = CPU_DEFAULT_KV_CACHE_TOKENS
+        options: dict[str, Any] = {
+            "page_size": settings.kv_page_size,
+            "max_batch_tokens": settings.max_batch_tokens,
+            "max_requests_per_batch": settings.max_batch,
+            "per_request_processors": True,
+            "seed": settings.seed,
+        }
+        if cache_tokens is not None:
+            options["num_blocks"] = math.ceil(cache_tokens / settings.kv_page_size)
+        else:
+            options["max_memory_percent"] = settings.gpu_memory_fraction
+        return ContinuousBatchingConfig(**options)
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the engine thread."""
+        with torch.inference_mode():
+            self._manager.start()
+
+    def stop(self) -> None:
+        """Stop the engine thread (pending requests fail)."""
+        if self._manager.is_running():
+            self._manager.stop(block=True, timeout=10)
+
+    def is_running(self) -> bool:
+        """Whether the engine thread is alive."""
+        return self._manager.is_running()
+
+    # --- requests ------------------------------------------------------------------------------
+
+    def acquire_slot(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for room in the engine; True when a slot was taken."""
+        return self._slots.acquire(timeout=timeout_s)
+
+    def release_slot(self) -> None:
+        """Give back the slot of a request that ended."""
+        try:
+            self._slots.release()
+        except ValueError:  # pragma: no cover - a slot released twice is a bug, not a crash
+            log.error("engine slot released more often than taken")
+
+    def add(self, job: GenerationJob) -> None:
+        """Hand ``job`` to the engine (its slot must be held)."""
+        if job.temperature == 0:
+            sampling: dict[str, Any] = {"temperature": 1.0, "top_k": 1, "top_p": 1.0}
+        else:
+            sampling = {
+                "temperature": float(job.temperature),
+                "top_k": self._vocab_size,
+                "top_p": float(job.top_p),
+            }
+        request_id = self._manager.add_request(
+            job.prompt_token_ids,
+            request_id=job.response_id,
+            max_new_tokens=job.max_output_tokens,
+            streaming=True,
+            **sampling,
+        )
+        if request_id is None:
+            raise EngineStoppedError("the engine does not accept requests (stopping or failed)")
+
+    def cancel(self, response_id: str) -> None:
+        """Stop generating ``response_id``; the engine frees its cache at its next step."""
+        self._manager.cancel_request(response_id)
+
+    def next_outputs(self, timeout_s: float) -> list[GenerationOutput]:
+        """Outputs produced since the last call: waits up to ``timeout_s`` for the first one."""
+        outputs: list[GenerationOutput] = []
+        output_queue = self._manager.output_router.output_queue
+        try:
+            outputs.append(output_queue.get(timeout=timeout_s))
+        except queue.Empty:
+            return outputs
+        while True:
+            try:
+                outputs.append(output_queue.get_nowait())
+            except queue.Empty:
+                return outputs

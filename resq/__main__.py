@@ -1,0 +1,5 @@
+"""``python -m resq``: the same as the ``resq`` command."""
+
+from resq.cli import main
+
+main()

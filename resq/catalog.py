@@ -1,0 +1,176 @@
+"""The served models, as GPU workers register them in Redis.
+
+A GPU worker that loads a model publishes its *model card* (name, context
+length, chat template, special tokens) and its ``tokenizer.json``. The API and
+the post-process workers read both from Redis, so they need no model files, no
+torch and no transformers: any replica anywhere can tokenize and detokenize for
+any model a GPU worker serves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
+
+from resq import keys
+from resq.chat_template import render_chat
+
+CARD_REFRESH_S = 5.0
+"""How long a process trusts its cached copy of a model card before re-reading it."""
+
+
+class ModelCard(BaseModel):
+    """What every role needs to know about a served model, besides its weights."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    name: str
+    context_length: int
+    chat_template: str
+    special_tokens: dict[str, str]
+    """``bos_token``, ``eos_token``... as strings: chat templates read them by these names."""
+    eos_token_ids: list[int]
+    tokenizer_sha256: str
+    created: int
+    source: str
+    """Where the weights came from (a path or a hub id), for ``/v1/models`` and logs."""
+
+
+@dataclass
+class TextTokenizer:
+    """Tokenizer and chat template of one model, usable without transformers."""
+
+    card: ModelCard
+    tokenizer: Tokenizer
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        """The prompt text for ``messages``, ending with the assistant generation prompt."""
+        return render_chat(
+            self.card.chat_template,
+            messages,
+            tools=tools,
+            add_generation_prompt=True,
+            special_tokens=self.card.special_tokens,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of rendered prompt text (the template already placed special tokens)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, token_ids: list[int]) -> str:
+        """Text of ``token_ids``, special tokens skipped (for tests and logs)."""
+        return str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
+
+    def decode_stream(self) -> DecodeStream:
+        """A fresh incremental decoder (holds back bytes of an unfinished UTF-8 character)."""
+        return DecodeStream(skip_special_tokens=True)
+
+
+def tokenizer_sha256(tokenizer_json: str) -> str:
+    """Content hash under which a ``tokenizer.json`` is stored."""
+    return hashlib.sha256(tokenizer_json.encode()).hexdigest()
+
+
+def register_model(redis: Redis, card: ModelCard, tokenizer_json: str) -> None:
+    """Publish a model card and its tokenizer (GPU worker, at start-up)."""
+    pipe = redis.pipeline(transaction=True)
+    pipe.set(keys.tokenizer(card.tokenizer_sha256), tokenizer_json)
+    pipe.hset(keys.MODELS, card.name, card.model_dump_json())
+    pipe.execute()
+
+
+@dataclass
+class _Entry:
+    tokenizer: TextTokenizer
+    fetched_at: float = field(default_factory=time.monotonic)
+
+
+def _build(card_json: bytes, tokenizer_json: bytes | None, cached: _Entry | None) -> _Entry | None:
+    card = ModelCard.model_validate_json(card_json)
+    if cached is not None and cached.tokenizer.card == card:
+        cached.fetched_at = time.monotonic()
+        return cached
+    if tokenizer_json is None:
+        return None
+    return _Entry(TextTokenizer(card=card, tokenizer=Tokenizer.from_str(tokenizer_json.decode())))
+
+
+class ModelCatalog:
+    """Model cards and tokenizers read from Redis, cached per process (blocking client)."""
+
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+        self._entries: dict[str, _Entry] = {}
+
+    def get(self, name: str) -> TextTokenizer | None:
+        """The tokenizer of model ``name``, or None when no GPU worker registered it."""
+        cached = self._entries.get(name)
+        if cached is not None and time.monotonic() - cached.fetched_at < CARD_REFRESH_S:
+            return cached.tokenizer
+        card_json = self._redis.hget(keys.MODELS, name)
+        if card_json is None:
+            return None
+        card = ModelCard.model_validate_json(card_json)
+        tokenizer_json = None
+        if cached is None or cached.tokenizer.card != card:
+            tokenizer_json = self._redis.get(keys.tokenizer(card.tokenizer_sha256))
+        entry = _build(card_json, tokenizer_json, cached)
+        if entry is None:
+            return None
+        self._entries[name] = entry
+        return entry.tokenizer
+
+
+class AsyncModelCatalog:
+    """The same catalog for the API's event loop."""
+
+    def __init__(self, redis: AsyncRedis) -> None:
+        self._redis = redis
+        self._entries: dict[str, _Entry] = {}
+
+    async def get(self, name: str) -> TextTokenizer | None:
+        """The tokenizer of model ``name``, or None when no GPU worker registered it."""
+        cached = self._entries.get(name)
+        if cached is not None and time.monotonic() - cached.fetched_at < CARD_REFRESH_S:
+            return cached.tokenizer
+        card_json = await self._redis.hget(keys.MODELS, name)
+        if card_json is None:
+            return None
+        card = ModelCard.model_validate_json(card_json)
+        tokenizer_json = None
+        if cached is None or cached.tokenizer.card != card:
+            tokenizer_json = await self._redis.get(keys.tokenizer(card.tokenizer_sha256))
+        entry = _build(card_json, tokenizer_json, cached)
+        if entry is None:
+            return None
+        self._entries[name] = entry
+        return entry.tokenizer
+
+    async def cards(self) -> list[ModelCard]:
+        """Every registered model card."""
+        raw: dict[bytes, bytes] = await self._redis.hgetall(keys.MODELS)
+        return [ModelCard.model_validate_json(value) for value in raw.values()]
+
+
+def card_to_openai_model(card: ModelCard) -> dict[str, Any]:
+    """The ``/v1/models`` entry for a card."""
+    return {"id": card.name, "object": "model", "created": card.created, "owned_by": "resq"}
+
+
+__all__ = [
+    "AsyncModelCatalog",
+    "ModelCard",
+    "ModelCatalog",
+    "TextTokenizer",
+    "card_to_openai_model",
+    "register_model",
+    "tokenizer_sha256",
+]

@@ -1,0 +1,41 @@
+"""The Celery app every role builds the same way: Redis broker, JSON only.
+
+Roles register their own tasks on it (``gpu_worker`` the generate task,
+``workers`` the post-process task); the API only sends by task name, so it
+imports neither role.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Queue
+
+from resq import keys
+from resq.settings import Settings
+
+
+def make_celery(settings: Settings) -> Celery:
+    """A Celery app on ``settings.redis_url`` with resq's queues and JSON serialisation."""
+    app = Celery("resq", broker=settings.redis_url, set_as_current=False)
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        task_ignore_result=True,
+        result_backend=None,
+        task_queues=(Queue(keys.GENERATE_QUEUE), Queue(keys.POSTPROCESS_QUEUE)),
+        task_routes={
+            keys.GENERATE_TASK: {"queue": keys.GENERATE_QUEUE},
+            keys.POSTPROCESS_TASK: {"queue": keys.POSTPROCESS_QUEUE},
+        },
+        task_default_queue=keys.POSTPROCESS_QUEUE,
+        # One message at a time per worker slot: a busy GPU worker leaves queued jobs to idle ones.
+        worker_prefetch_multiplier=1,
+        worker_hijack_root_logger=False,
+        worker_redirect_stdouts=False,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={"socket_keepalive": True, "health_check_interval": 30},
+        worker_send_task_events=False,
+        task_send_sent_event=False,
+    )
+    return app

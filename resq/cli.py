@@ -1,0 +1,106 @@
+"""The ``resq`` command: ``up`` for a laptop, one sub-command per role for compose and scale-out.
+
+Settings come from ``RESQ_*`` environment variables; the flags below override them.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from resq.logs import configure_logging
+from resq.settings import Settings, load_settings
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _common_options(function: F) -> F:
+    options = [
+        click.option("--host", help="API interface (RESQ_HOST)."),
+        click.option("--port", type=int, help="API port (RESQ_PORT)."),
+        click.option("--redis-url", help="Redis URL (RESQ_REDIS_URL)."),
+        click.option(
+            "--model", help="Model directory or cached hub id; `builtin` for the tiny model (RESQ_MODEL)."
+        ),
+        click.option("--model-name", help="Name clients send as `model` (RESQ_MODEL_NAME)."),
+        click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), help="RESQ_DEVICE."),
+        click.option("--max-batch", type=int, help="Sequences per engine step (RESQ_MAX_BATCH)."),
+        click.option(
+            "--postprocess-workers",
+            type=int,
+            help="Post-process worker processes; 0 = inline (RESQ_POSTPROCESS_WORKERS).",
+        ),
+        click.option(
+            "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), help="RESQ_LOG_LEVEL."
+        ),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+def _settings(flags: dict[str, Any]) -> Settings:
+    return load_settings(**flags)
+
+
+@click.group()
+@click.version_option(package_name="resq")
+def main() -> None:
+    """resq: the OpenAI Responses API for local Hugging Face models, through a task queue."""
+
+
+@main.command()
+@_common_options
+def up(**flags: Any) -> None:
+    """Run everything: Redis (embedded if none answers), a GPU worker, post-process workers, the API."""
+    from resq.supervisor import Supervisor
+
+    settings = _settings(flags)
+    configure_logging(settings.log_level, "up")
+    sys.exit(Supervisor(settings).run())
+
+
+@main.command()
+@_common_options
+def api(**flags: Any) -> None:
+    """Run the API (uvicorn)."""
+    import uvicorn
+
+    from api.main import create_app
+
+    settings = _settings(flags)
+    configure_logging(settings.log_level, "api")
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        log_config=None,
+        access_log=settings.log_level == "debug",
+        timeout_graceful_shutdown=10,
+    )
+
+
+@main.command("gpu-worker")
+@_common_options
+def gpu_worker(**flags: Any) -> None:
+    """Run one GPU worker (queue `generate`)."""
+    from gpu_worker.main import run
+
+    settings = _settings(flags)
+    configure_logging(settings.log_level, "gpu-worker")
+    run(settings)
+
+
+@main.command("postprocess-worker")
+@_common_options
+def postprocess_worker(**flags: Any) -> None:
+    """Run one post-process worker (queue `postprocess`)."""
+    from workers.main import run
+
+    settings = _settings(flags)
+    configure_logging(settings.log_level, "postprocess")
+    run(settings)

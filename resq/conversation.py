@@ -1,0 +1,100 @@
+"""From Responses input items to the chat messages a model's chat template renders.
+
+Pure functions over JSON-shaped dicts, so stored conversations (Redis) and new
+requests go through the same code. The mapping follows what Hugging Face chat
+templates expect:
+
+- ``instructions`` and ``system``/``developer`` messages become ``system``
+  messages (few templates know ``developer``);
+- content parts are joined into one string (text-only models);
+- consecutive ``function_call`` items (and the assistant text right before
+  them) become one assistant message with ``tool_calls`` whose ``arguments`` is
+  a dict, as Qwen/Hermes templates render it;
+- ``function_call_output`` becomes a ``tool`` message;
+- a ``reasoning`` item is attached as ``reasoning_content`` to the assistant
+  message that follows it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+Message = dict[str, Any]
+Item = dict[str, Any]
+
+
+def content_text(content: str | list[dict[str, Any]] | None) -> str:
+    """The text of a message's content (string or list of text parts)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    pieces: list[str] = []
+    for part in content:
+        kind = part.get("type")
+        if kind in ("input_text", "output_text", "text", "summary_text", "reasoning_text"):
+            pieces.append(str(part.get("text", "")))
+        elif kind == "refusal":
+            pieces.append(str(part.get("refusal", "")))
+    return "".join(pieces)
+
+
+def _arguments_value(arguments: str) -> Any:
+    # Templates render `arguments | tojson` for dicts; keep text that is not JSON as text.
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
+
+
+def items_to_messages(items: list[Item], instructions: str | None = None) -> list[Message]:
+    """Chat messages for ``items`` (input items or echoed output items), in order."""
+    messages: list[Message] = []
+    if instructions:
+        messages.append({"role": "system", "content": instructions})
+    pending_reasoning: str | None = None
+    for item in items:
+        kind = item.get("type") or "message"
+        if kind == "message":
+            role = item["role"]
+            if role == "developer":
+                role = "system"
+            message: Message = {"role": role, "content": content_text(item.get("content"))}
+            if role == "assistant" and pending_reasoning is not None:
+                message["reasoning_content"] = pending_reasoning
+                pending_reasoning = None
+            messages.append(message)
+        elif kind == "function_call":
+            call = {
+                "type": "function",
+                "id": item["call_id"],
+                "function": {"name": item["name"], "arguments": _arguments_value(item.get("arguments", ""))},
+            }
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                assistant: Message = {"role": "assistant", "content": "", "tool_calls": [call]}
+                if pending_reasoning is not None:
+                    assistant["reasoning_content"] = pending_reasoning
+                    pending_reasoning = None
+                messages.append(assistant)
+        elif kind == "function_call_output":
+            output = item.get("output")
+            text = output if isinstance(output, str) else content_text(output)
+            messages.append({"role": "tool", "content": text, "tool_call_id": item["call_id"]})
+        elif kind == "reasoning":
+            pending_reasoning = content_text(item.get("content")) or content_text(item.get("summary"))
+        else:
+            raise ValueError(f"input item of type {kind!r} cannot be rendered")
+    return messages
+
+
+def input_to_items(value: str | list[Item] | None) -> list[Item]:
+    """The request's ``input`` as a list of items (a string is one user message)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [{"type": "message", "role": "user", "content": value}]
+    return value

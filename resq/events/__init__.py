@@ -1,0 +1,1 @@
+"""OpenAI Responses stream events: pure builders, output assembly, and the one emit point."""

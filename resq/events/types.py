@@ -1,0 +1,34 @@
+"""Event type names, as the OpenAI SDK's ``ResponseStreamEvent`` union spells them."""
+
+from __future__ import annotations
+
+from typing import Final
+
+CREATED: Final = "response.created"
+QUEUED: Final = "response.queued"
+IN_PROGRESS: Final = "response.in_progress"
+COMPLETED: Final = "response.completed"
+INCOMPLETE: Final = "response.incomplete"
+FAILED: Final = "response.failed"
+
+OUTPUT_ITEM_ADDED: Final = "response.output_item.added"
+OUTPUT_ITEM_DONE: Final = "response.output_item.done"
+CONTENT_PART_ADDED: Final = "response.content_part.added"
+CONTENT_PART_DONE: Final = "response.content_part.done"
+OUTPUT_TEXT_DELTA: Final = "response.output_text.delta"
+OUTPUT_TEXT_DONE: Final = "response.output_text.done"
+REASONING_TEXT_DELTA: Final = "response.reasoning_text.delta"
+REASONING_TEXT_DONE: Final = "response.reasoning_text.done"
+FUNCTION_CALL_ARGUMENTS_DELTA: Final = "response.function_call_arguments.delta"
+FUNCTION_CALL_ARGUMENTS_DONE: Final = "response.function_call_arguments.done"
+
+TERMINAL_BY_STATUS: Final = {
+    "completed": COMPLETED,
+    "incomplete": INCOMPLETE,
+    "failed": FAILED,
+    # The SDK's event union has no `response.cancelled`: a cancelled response ends its
+    # stream with `response.incomplete` whose `response.status` is "cancelled".
+    "cancelled": INCOMPLETE,
+}
+TERMINAL_TYPES: Final = frozenset({COMPLETED, INCOMPLETE, FAILED})
+TERMINAL_TYPES_BYTES: Final = frozenset(t.encode() for t in TERMINAL_TYPES)

@@ -1,0 +1,94 @@
+"""The Redis layout: every key resq reads or writes is named here and nowhere else.
+
+The keys of one response share the hash tag ``{resp_...}`` so that a Redis
+Cluster keeps them on one slot: the Lua scripts and MULTI blocks that touch
+several of them stay legal there.
+
+Event-log entries use explicit stream ids ``0-<sequence_number + 1>``: a resumed
+stream is an ``XRANGE`` from the next id, and Redis itself rejects an append
+whose id is not above the last one, which makes re-running a post-processor
+safe (a duplicate event is refused, never stored twice).
+"""
+
+from __future__ import annotations
+
+PREFIX = "resq"
+
+# Celery queues
+GENERATE_QUEUE = "generate"
+POSTPROCESS_QUEUE = "postprocess"
+
+# Celery task names (roles register them; senders use the names only)
+GENERATE_TASK = "resq.generate"
+POSTPROCESS_TASK = "resq.postprocess"
+
+# Global keys
+MODELS = f"{PREFIX}:models"
+"""Hash: served model name -> JSON model card (without the tokenizer)."""
+
+GPU_WORKERS = f"{PREFIX}:workers:gpu"
+"""Sorted set: GPU worker id -> unix time of its last heartbeat."""
+
+POSTPROCESS_WORKERS = f"{PREFIX}:workers:postprocess"
+"""Sorted set: post-process worker id -> unix time of its last heartbeat."""
+
+
+def tokenizer(sha256: str) -> str:
+    """String: a ``tokenizer.json`` by content hash (shared by all models that use it)."""
+    return f"{PREFIX}:tokenizer:{sha256}"
+
+
+def worker_info(role: str, worker_id: str) -> str:
+    """String: JSON details of one worker (model, pid, host), expiring with its heartbeat."""
+    return f"{PREFIX}:workers:{role}:{worker_id}"
+
+
+def _response(response_id: str, suffix: str) -> str:
+    return f"{PREFIX}:{{{response_id}}}:{suffix}"
+
+
+def tokens(response_id: str) -> str:
+    """Stream: token chunks the GPU worker publishes for one response."""
+    return _response(response_id, "tokens")
+
+
+def events(response_id: str) -> str:
+    """Stream: the response's OpenAI events, entry id ``0-<sequence_number + 1>``."""
+    return _response(response_id, "events")
+
+
+def record(response_id: str) -> str:
+    """Hash: status, Response snapshot, request options and ownership of one response."""
+    return _response(response_id, "response")
+
+
+def input_items(response_id: str) -> str:
+    """String: JSON input items and the conversation needed to continue the response."""
+    return _response(response_id, "input")
+
+
+def cancel(response_id: str) -> str:
+    """String: present when the generation of the response must stop."""
+    return _response(response_id, "cancel")
+
+
+def all_keys(response_id: str) -> tuple[str, ...]:
+    """Every key of one response (what ``DELETE`` removes)."""
+    return (
+        tokens(response_id),
+        events(response_id),
+        record(response_id),
+        input_items(response_id),
+        cancel(response_id),
+    )
+
+
+def event_entry_id(sequence_number: int) -> str:
+    """The stream id of the event with this ``sequence_number``."""
+    return f"0-{sequence_number + 1}"
+
+
+def sequence_number_of(entry_id: bytes | str) -> int:
+    """The ``sequence_number`` of an event-log entry id."""
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    return int(text.split("-", 1)[1]) - 1

@@ -1,0 +1,131 @@
+"""The post-processing state machine of one response: token-stream entries in, events out.
+
+It does no I/O, so the same code runs in a Celery post-process worker, inline in
+the API, and in unit tests. Its output depends only on the response's created
+snapshot, its options and its token stream: a processor re-run from the start of
+the stream after a crash produces the same events, byte for byte, and the
+runner skips the ones already logged.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from resq import jsonutil
+from resq.catalog import TextTokenizer
+from resq.events import builders as build
+from resq.events import types
+from resq.events.assembler import OutputAssembler
+from resq.events.emitter import EncodedEvent, EventEmitter
+from resq.options import ProcessingOptions
+from resq.postprocess.detokenizer import IncrementalDetokenizer
+from resq.postprocess.parsers import make_parser
+from resq.postprocess.segments import Segment
+from resq.wire import FinishEntry, StartEntry, TokensEntry, TokenStreamEntry
+
+FinalStatus = Literal["completed", "incomplete", "failed", "cancelled"]
+
+_STATUS_BY_FINISH: dict[str, FinalStatus] = {
+    "stop": "completed",
+    "length": "incomplete",
+    "cancelled": "cancelled",
+    "error": "failed",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """What the runner stores before it logs the terminal event."""
+
+    status: FinalStatus
+    response_json: bytes
+
+
+class ResponseProcessor:
+    """Builds the events and the final Response of one response."""
+
+    def __init__(
+        self,
+        response_id: str,
+        created_response: dict[str, Any],
+        tokenizer: TextTokenizer,
+        options: ProcessingOptions,
+    ) -> None:
+        self._response_id = response_id
+        self._template = created_response
+        self._emitter = EventEmitter(options.first_sequence_number)
+        self._detokenizer = IncrementalDetokenizer(tokenizer)
+        self._parser = make_parser(options)
+        self._assembler = OutputAssembler(response_id)
+        self._started = False
+        self.reasoning_tokens = 0
+        self.finish: FinishEntry | None = None
+
+    @property
+    def next_sequence_number(self) -> int:
+        """The number the next event will get."""
+        return self._emitter.next_sequence_number
+
+    def in_progress_response(self) -> dict[str, Any]:
+        """The snapshot while generating (``response.in_progress`` and the record)."""
+        return {**self._template, "status": "in_progress"}
+
+    def on_entry(self, entry: TokenStreamEntry) -> list[EncodedEvent]:
+        """The events one token-stream entry causes (the terminal event excluded)."""
+        if self.finish is not None:
+            return []
+        events: list[dict[str, Any]] = []
+        if not self._started and not (isinstance(entry, FinishEntry) and entry.output_tokens == 0):
+            self._started = True
+            events.append(build.response_event(types.IN_PROGRESS, self.in_progress_response()))
+        if isinstance(entry, TokensEntry):
+            events += self._segments_to_events(self._parser.feed(self._detokenizer.feed(entry.token_ids)))
+        elif isinstance(entry, FinishEntry):
+            self.finish = entry
+            events += self._segments_to_events(self._parser.finish())
+            item_status = "completed" if entry.finish_reason == "stop" else "incomplete"
+            events += self._assembler.close(item_status)
+        elif not isinstance(entry, StartEntry):  # pragma: no cover - exhaustive union
+            raise TypeError(f"unexpected entry {entry!r}")
+        return [self._emitter.emit(event) for event in events]
+
+    def final_response(self, status: FinalStatus | None = None) -> Finished:
+        """The final Response after the finish entry (``status`` overrides, e.g. ``cancelled``)."""
+        finish = self.finish
+        if finish is None:
+            raise RuntimeError("final_response() before the finish entry")
+        final_status = status or _STATUS_BY_FINISH[finish.finish_reason]
+        response = {
+            **self._template,
+            "status": final_status,
+            "output": self._assembler.items,
+            "usage": build.usage(
+                finish.prompt_tokens,
+                finish.output_tokens,
+                reasoning_tokens=self.reasoning_tokens,
+            ),
+        }
+        if final_status == "completed":
+            response["completed_at"] = int(time.time())
+        elif final_status == "incomplete":
+            response["incomplete_details"] = {"reason": "max_output_tokens"}
+        elif final_status == "failed":
+            response["error"] = {
+                "code": "server_error",
+                "message": finish.error or "The model failed to generate a response.",
+            }
+        return Finished(final_status, jsonutil.dumps(response))
+
+    def terminal_event(self, status: str, response_json: bytes) -> EncodedEvent:
+        """The last event, around the Response exactly as stored."""
+        return self._emitter.emit_with_response_json(types.TERMINAL_BY_STATUS[status], response_json)
+
+    # --- internals -----------------------------------------------------------------------------
+
+    def _segments_to_events(self, segments: list[Segment]) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        for segment in segments:
+            events += self._assembler.add(segment)
+        return events

@@ -1,0 +1,39 @@
+"""Redis clients configured the same way in every role.
+
+Connections retry on transient errors with backoff, so a restarted Redis is
+picked up again without restarting resq's processes.
+"""
+
+from __future__ import annotations
+
+from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+_RETRY_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionResetError)
+
+
+def sync_redis(url: str) -> Redis:
+    """A blocking client (workers, the GPU publisher, the inline post-processor)."""
+    return Redis.from_url(
+        url,
+        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=8),
+        retry_on_error=list(_RETRY_ERRORS),
+        health_check_interval=30,
+        socket_keepalive=True,
+    )
+
+
+def async_redis(url: str) -> AsyncRedis:
+    """An asyncio client (the API)."""
+    return AsyncRedis.from_url(
+        url,
+        retry=AsyncRetry(ExponentialBackoff(cap=2.0, base=0.05), retries=8),
+        retry_on_error=list(_RETRY_ERRORS),
+        health_check_interval=30,
+        socket_keepalive=True,
+    )

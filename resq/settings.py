@@ -1,0 +1,132 @@
+"""Every setting of every role, read from ``RESQ_*`` environment variables.
+
+One class serves all roles so that ``resq up`` can hand the same resolved values
+to each child process, and so that the documentation table is generated from a
+single source.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+BUILTIN_MODEL = "builtin"
+"""Value of ``RESQ_MODEL`` (and its default) that selects the built-in tiny model."""
+
+
+class Settings(BaseSettings):
+    """Configuration shared by the API, the GPU worker and the post-process workers."""
+
+    model_config = SettingsConfigDict(env_prefix="RESQ_", extra="ignore", validate_default=True)
+
+    # --- network -------------------------------------------------------------------------------
+    host: str = Field("127.0.0.1", description="Interface the API listens on.")
+    port: int = Field(8000, ge=1, le=65535, description="Port the API listens on.")
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        description="Redis for the Celery broker, token streams, event logs and the store.",
+    )
+
+    # --- model ---------------------------------------------------------------------------------
+    model: str = Field(
+        BUILTIN_MODEL,
+        description=(
+            "A local Hugging Face model directory, or a hub id already in the local HF cache. "
+            "`builtin` builds a tiny random model for smoke runs."
+        ),
+    )
+    model_name: str | None = Field(
+        None, description="Name clients send as `model`; default: derived from RESQ_MODEL."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the GPU worker runs the model.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weights dtype; `auto` is bfloat16 on CUDA and float32 on CPU."
+    )
+    builtin_model_dir: Path | None = Field(
+        None, description="Cache folder of the built-in model; default: the user's cache dir."
+    )
+
+    # --- engine --------------------------------------------------------------------------------
+    max_batch: int = Field(32, ge=1, description="Most sequences the engine decodes in one step.")
+    max_batch_tokens: int = Field(
+        512, ge=16, description="Most tokens (prefill chunks plus decodes) in one engine step."
+    )
+    kv_cache_tokens: int | None = Field(
+        None,
+        ge=64,
+        description=(
+            "KV-cache capacity in tokens. Unset: 16384 on CPU; on CUDA the engine sizes it from "
+            "RESQ_GPU_MEMORY_FRACTION."
+        ),
+    )
+    gpu_memory_fraction: float = Field(
+        0.85, gt=0, le=0.99, description="Share of free GPU memory the KV cache may take (CUDA only)."
+    )
+    kv_page_size: int = Field(64, ge=8, description="Tokens per KV-cache page.")
+    default_max_output_tokens: int = Field(
+        1024, ge=1, description="Generation limit when a request sets no `max_output_tokens`."
+    )
+    seed: int | None = Field(None, description="Sampling seed of the engine; unset: random.")
+
+    # --- post-processing -----------------------------------------------------------------------
+    postprocess_workers: int = Field(
+        2,
+        ge=0,
+        description="Post-process worker processes `resq up` starts; 0: the API post-processes inline.",
+    )
+    postprocess_concurrency: int = Field(
+        64, ge=1, description="Responses one post-process worker (or the inline API) handles at once."
+    )
+
+    # --- API -----------------------------------------------------------------------------------
+    sse_ping_s: float = Field(15.0, gt=0, description="Seconds between SSE comment pings on an idle stream.")
+    transient_ttl_s: int = Field(
+        3600, ge=60, description="TTL of the keys of a response in flight, and of `store=false` responses."
+    )
+    store_ttl_s: int = Field(30 * 86400, ge=60, description="TTL of stored responses (`store=true`).")
+
+    # --- liveness ------------------------------------------------------------------------------
+    heartbeat_s: float = Field(2.0, gt=0, description="Seconds between worker heartbeats.")
+    worker_ttl_s: float = Field(
+        10.0, gt=0, description="A worker whose last heartbeat is older than this counts as gone."
+    )
+
+    # --- logs ----------------------------------------------------------------------------------
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+
+    @property
+    def served_model_name(self) -> str:
+        """The name clients send in ``model``."""
+        if self.model_name:
+            return self.model_name
+        if self.model == BUILTIN_MODEL:
+            return "resq-tiny"
+        path = Path(self.model).expanduser()
+        if path.exists():
+            return path.resolve().name
+        return self.model
+
+    def to_env(self) -> dict[str, str]:
+        """These settings as ``RESQ_*`` variables, so child processes resolve the same values."""
+        env: dict[str, str] = {}
+        for name, value in self.model_dump().items():
+            if value is None:
+                continue
+            env[f"RESQ_{name.upper()}"] = str(value)
+        return env
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings from the environment, with explicit (command-line) overrides winning."""
+    clean = {key: value for key, value in overrides.items() if value is not None}
+    return Settings(**clean)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once from the environment."""
+    return Settings()

@@ -1,0 +1,142 @@
+"""``resq up``: Redis (embedded if none answers), one GPU worker, the post-process workers and the API.
+
+Each role runs as its own process (``python -m resq <role>``) with the same
+resolved settings in its environment. Ctrl-C or SIGTERM stops them all; if one
+dies, the others are stopped too and ``resq up`` exits non-zero, so nothing is
+left half-running.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from types import FrameType
+
+from resq.embedded_redis import EmbeddedRedis, redis_answers
+from resq.settings import Settings
+
+log = logging.getLogger("resq.up")
+
+STOP_GRACE_S = 15.0
+READY_TIMEOUT_S = 600.0
+
+
+@dataclass
+class _Child:
+    name: str
+    process: subprocess.Popen[bytes]
+
+
+@dataclass
+class Supervisor:
+    """Starts, watches and stops the processes of one resq deployment."""
+
+    settings: Settings
+    children: list[_Child] = field(default_factory=list)
+    embedded_redis: EmbeddedRedis | None = None
+    _stopping: bool = False
+
+    def run(self) -> int:
+        """Bring everything up, wait until a signal or a death, bring everything down."""
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        try:
+            self._ensure_redis()
+            self._spawn("gpu-worker")
+            for index in range(self.settings.postprocess_workers):
+                self._spawn("postprocess-worker", suffix=str(index + 1))
+            self._spawn("api")
+            self._wait_until_ready()
+            return self._watch()
+        except KeyboardInterrupt:
+            return 0
+        finally:
+            self._stop_all()
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if not self._stopping:
+            log.info("received %s; stopping", signal.Signals(signum).name)
+        self._stopping = True
+        raise KeyboardInterrupt
+
+    def _ensure_redis(self) -> None:
+        if redis_answers(self.settings.redis_url):
+            log.info("using Redis at %s", self.settings.redis_url)
+            return
+        log.info("no Redis answers at %s; starting an embedded one", self.settings.redis_url)
+        self.embedded_redis = EmbeddedRedis()
+        self.embedded_redis.start()
+        self.settings = self.settings.model_copy(update={"redis_url": self.embedded_redis.url})
+        log.info("embedded Redis ready at %s", self.embedded_redis.url)
+
+    def _spawn(self, role: str, suffix: str = "") -> None:
+        env = {**os.environ, **self.settings.to_env()}
+        process = subprocess.Popen([sys.executable, "-m", "resq", role], env=env)
+        name = f"{role}{'-' + suffix if suffix else ''}"
+        self.children.append(_Child(name, process))
+        log.info("started %s (pid %d)", name, process.pid)
+
+    def _wait_until_ready(self) -> None:
+        url = f"http://{self.settings.host}:{self.settings.port}/health"
+        log.info("waiting for the model to load and every role to report in (%s)", url)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        last_note = 0.0
+        while time.monotonic() < deadline:
+            self._check_children()
+            try:
+                with urllib.request.urlopen(url, timeout=2) as reply:
+                    if reply.status == 200:
+                        log.info(
+                            "resq is ready: http://%s:%d/v1 serving model %r",
+                            self.settings.host,
+                            self.settings.port,
+                            self.settings.served_model_name,
+                        )
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() - last_note > 10:
+                last_note = time.monotonic()
+                log.info("still starting...")
+            time.sleep(0.5)
+        raise RuntimeError(f"resq did not become ready within {READY_TIMEOUT_S:.0f}s")
+
+    def _check_children(self) -> None:
+        for child in self.children:
+            code = child.process.poll()
+            if code is not None:
+                raise RuntimeError(f"{child.name} exited with code {code}")
+
+    def _watch(self) -> int:
+        while True:
+            try:
+                self._check_children()
+            except RuntimeError as exc:
+                log.error("%s; stopping everything", exc)
+                return 1
+            time.sleep(0.5)
+
+    def _stop_all(self) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for child in reversed(self.children):
+            if child.process.poll() is None:
+                child.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for child in reversed(self.children):
+            remaining = max(0.1, deadline - time.monotonic())
+            try:
+                child.process.wait(timeout=remaining)
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop in time; killing it", child.name)
+                child.process.kill()
+                child.process.wait()
+        if self.embedded_redis is not None:
+            self.embedded_redis.stop()
+        log.info("stopped")

@@ -1,0 +1,110 @@
+"""What travels between roles: Celery job payloads and token-stream entries.
+
+Celery carries one JSON message per response and role, never one per token.
+Tokens travel through the response's Redis stream (``keys.tokens``); each entry
+is one of three kinds:
+
+- ``start``: the engine admitted the request (carries the prompt length);
+- ``tokens``: token ids produced since the previous entry (and their logprobs);
+- ``finish``: the last entry, with ``finish_reason`` and the token counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from resq import jsonutil
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+class GenerationJob(BaseModel):
+    """The payload of one ``resq.generate`` task: everything the engine needs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    response_id: str
+    model: str
+    prompt_token_ids: list[int] = Field(min_length=1)
+    max_output_tokens: int = Field(ge=1)
+    temperature: float = Field(ge=0)
+    top_p: float = Field(gt=0, le=1)
+    logprobs: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StartEntry:
+    """The engine admitted the request."""
+
+    prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class TokensEntry:
+    """New token ids, in generation order."""
+
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FinishEntry:
+    """Generation ended; always the last entry of a token stream."""
+
+    finish_reason: FinishReason
+    prompt_tokens: int
+    output_tokens: int
+    error: str | None = None
+
+
+TokenStreamEntry = StartEntry | TokensEntry | FinishEntry
+
+StreamFields = dict[bytes, bytes] | dict[str, str | bytes | int]
+
+
+def encode_entry(entry: TokenStreamEntry) -> dict[str, str | bytes | int]:
+    """Fields of the Redis stream entry for ``entry``."""
+    if isinstance(entry, TokensEntry):
+        fields: dict[str, str | bytes | int] = {"type": "tokens", "ids": jsonutil.dumps(entry.token_ids)}
+        if entry.logprobs is not None:
+            fields["logprobs"] = jsonutil.dumps(entry.logprobs)
+        return fields
+    if isinstance(entry, StartEntry):
+        return {"type": "start", "prompt_tokens": entry.prompt_tokens}
+    fields = {
+        "type": "finish",
+        "finish_reason": entry.finish_reason,
+        "prompt_tokens": entry.prompt_tokens,
+        "output_tokens": entry.output_tokens,
+    }
+    if entry.error is not None:
+        fields["error"] = entry.error
+    return fields
+
+
+def decode_entry(fields: dict[bytes, bytes]) -> TokenStreamEntry:
+    """The entry a Redis stream entry's fields describe."""
+    kind = fields[b"type"]
+    if kind == b"tokens":
+        logprobs = fields.get(b"logprobs")
+        return TokensEntry(
+            token_ids=jsonutil.loads(fields[b"ids"]),
+            logprobs=jsonutil.loads(logprobs) if logprobs is not None else None,
+        )
+    if kind == b"start":
+        return StartEntry(prompt_tokens=int(fields[b"prompt_tokens"]))
+    if kind == b"finish":
+        error = fields.get(b"error")
+        reason = fields[b"finish_reason"].decode()
+        if reason not in ("stop", "length", "cancelled", "error"):
+            raise ValueError(f"unknown finish_reason {reason!r}")
+        return FinishEntry(
+            finish_reason=reason,  # type: ignore[arg-type]
+            prompt_tokens=int(fields[b"prompt_tokens"]),
+            output_tokens=int(fields[b"output_tokens"]),
+            error=error.decode() if error is not None else None,
+        )
+    raise ValueError(f"unknown token-stream entry type {kind!r}")

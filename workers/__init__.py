@@ -1,0 +1,1 @@
+"""The post-process worker role: token streams in, OpenAI response events out."""
