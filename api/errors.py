@@ -16,8 +16,8 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from starlette.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
 
 from api.http import json_response
 
@@ -32,7 +32,7 @@ class OpenAIError(Exception):
         status_code: int,
         message: str,
         *,
-        type: str = "invalid_request_error",  # noqa: A002 - OpenAI's field name
+        type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
         headers: dict[str, str] | None = None,

@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 
 from resq import keys
 from resq.events import types
+from resq.redis_types import optional_bytes, stream_entries
 
 READ_BLOCK_MS = 1000
 READ_COUNT = 256
@@ -32,14 +33,16 @@ async def follow_events(
     (deleted or expired) while it is followed.
     """
     events_key = keys.events(response_id)
-    last_id = keys.event_entry_id(starting_after) if starting_after is not None else "0-0"
+    last_id: bytes | str = keys.event_entry_id(starting_after) if starting_after is not None else "0-0"
     while True:
-        reply = await redis.xread({events_key: last_id}, count=READ_COUNT, block=READ_BLOCK_MS)
-        if not reply:
+        entries = stream_entries(
+            await redis.xread({events_key: last_id}, count=READ_COUNT, block=READ_BLOCK_MS)
+        )
+        if not entries:
             if not await redis.exists(keys.record(response_id)):
                 return
             continue
-        for entry_id, fields in reply[0][1]:
+        for entry_id, fields in entries:
             last_id = entry_id
             event_type = fields[b"type"]
             yield event_type, fields[b"data"]
@@ -51,6 +54,5 @@ async def wait_for_terminal(redis: Redis, response_id: str) -> bytes | None:
     """Wait until the response ends; return its stored final Response JSON (None if it vanished)."""
     async for event_type, _ in follow_events(redis, response_id):
         if event_type in types.TERMINAL_TYPES_BYTES:
-            stored: bytes | None = await redis.hget(keys.record(response_id), "response")
-            return stored
+            return optional_bytes(await redis.hget(keys.record(response_id), "response"))
     return None

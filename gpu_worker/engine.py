@@ -58,7 +58,7 @@ class Engine:
             eos_token_id=list(loaded.card.eos_token_ids) or -1,
             pad_token_id=loaded.tokenizer.pad_token_id,
         )
-        self._manager = loaded.model.init_continuous_batching(
+        self._manager = loaded.model.init_continuous_batching(  # type: ignore[operator]
             generation_config=generation_config,
             continuous_batching_config=self._batching_config(settings, loaded.device),
         )
@@ -97,13 +97,13 @@ class Engine:
 
     def is_running(self) -> bool:
         """Whether the engine thread is alive."""
-        return self._manager.is_running()
+        return bool(self._manager.is_running())
 
     # --- requests ------------------------------------------------------------------------------
 
     def acquire_slot(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for room in the engine; True when a slot was taken."""
-        return self._slots.acquire(timeout=timeout_s)
+        return bool(self._slots.acquire(timeout=timeout_s))
 
     def release_slot(self) -> None:
         """Give back the slot of a request that ended."""

@@ -106,7 +106,8 @@ def load_model(settings: Settings) -> LoadedModel:
     tokenizer = AutoTokenizer.from_pretrained(path)
     if not tokenizer.is_fast:
         raise ModelLoadError(f"{path} has no fast tokenizer (tokenizer.json); resq needs one")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    model = model.to(device).eval()  # type: ignore[arg-type]
     text_config = model.config.get_text_config()
     context_length = int(getattr(text_config, "max_position_embeddings", 0) or tokenizer.model_max_length)
     special_tokens = {

@@ -97,7 +97,7 @@ class TokenPublisher:
                     self._fail_all("The generation engine stopped unexpectedly.")
                     self.fatal_error = RuntimeError("engine thread died")
                     return
-            except Exception as exc:  # noqa: BLE001 - keep publishing through Redis hiccups
+            except Exception as exc:  # keep publishing through Redis hiccups
                 log.exception("publishing tokens failed; retrying")
                 self._stop.wait(0.2)
                 if self._stop.is_set():

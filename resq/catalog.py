@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict
 from redis import Redis
@@ -22,6 +22,7 @@ from tokenizers.decoders import DecodeStream
 
 from resq import keys
 from resq.chat_template import render_chat
+from resq.redis_types import optional_bytes
 
 CARD_REFRESH_S = 5.0
 """How long a process trusts its cached copy of a model card before re-reading it."""
@@ -115,13 +116,13 @@ class ModelCatalog:
         cached = self._entries.get(name)
         if cached is not None and time.monotonic() - cached.fetched_at < CARD_REFRESH_S:
             return cached.tokenizer
-        card_json = self._redis.hget(keys.MODELS, name)
+        card_json = optional_bytes(self._redis.hget(keys.MODELS, name))
         if card_json is None:
             return None
         card = ModelCard.model_validate_json(card_json)
-        tokenizer_json = None
+        tokenizer_json: bytes | None = None
         if cached is None or cached.tokenizer.card != card:
-            tokenizer_json = self._redis.get(keys.tokenizer(card.tokenizer_sha256))
+            tokenizer_json = optional_bytes(self._redis.get(keys.tokenizer(card.tokenizer_sha256)))
         entry = _build(card_json, tokenizer_json, cached)
         if entry is None:
             return None
@@ -141,13 +142,13 @@ class AsyncModelCatalog:
         cached = self._entries.get(name)
         if cached is not None and time.monotonic() - cached.fetched_at < CARD_REFRESH_S:
             return cached.tokenizer
-        card_json = await self._redis.hget(keys.MODELS, name)
+        card_json = optional_bytes(await self._redis.hget(keys.MODELS, name))
         if card_json is None:
             return None
         card = ModelCard.model_validate_json(card_json)
-        tokenizer_json = None
+        tokenizer_json: bytes | None = None
         if cached is None or cached.tokenizer.card != card:
-            tokenizer_json = await self._redis.get(keys.tokenizer(card.tokenizer_sha256))
+            tokenizer_json = optional_bytes(await self._redis.get(keys.tokenizer(card.tokenizer_sha256)))
         entry = _build(card_json, tokenizer_json, cached)
         if entry is None:
             return None
@@ -156,7 +157,7 @@ class AsyncModelCatalog:
 
     async def cards(self) -> list[ModelCard]:
         """Every registered model card."""
-        raw: dict[bytes, bytes] = await self._redis.hgetall(keys.MODELS)
+        raw = cast(dict[bytes, bytes], await self._redis.hgetall(keys.MODELS))
         return [ModelCard.model_validate_json(value) for value in raw.values()]
 
 

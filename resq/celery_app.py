@@ -8,7 +8,7 @@ imports neither role.
 from __future__ import annotations
 
 from celery import Celery
-from kombu import Queue
+from kombu import Queue  # type: ignore[attr-defined]
 
 from resq import keys
 from resq.settings import Settings

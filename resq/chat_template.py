@@ -42,7 +42,7 @@ class _GenerationBlock(jinja2.ext.Extension):
     inference it is a no-op, but templates that use it must still parse.
     """
 
-    tags = {"generation"}
+    tags = {"generation"}  # noqa: RUF012 - jinja's Extension declares it a plain set
 
     def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
         lineno = next(parser.stream).lineno
@@ -56,7 +56,7 @@ class _GenerationBlock(jinja2.ext.Extension):
 class _TemplateNamespace(jinja2.utils.Namespace):
     """``namespace()`` that refuses underscore attributes (no reaching CPython internals)."""
 
-    def __init__(*args: Any, **kwargs: Any) -> None:  # noqa: N805 - same trick as jinja's Namespace
+    def __init__(*args: Any, **kwargs: Any) -> None:
         self, rest = args[0], args[1:]
         attrs = dict(*rest, **kwargs)
         for name in attrs:

@@ -62,7 +62,7 @@ class Heartbeat:
             pipe.zrem(self._members_key, self._worker_id)
             pipe.delete(self._info_key)
             pipe.execute()
-        except Exception:  # noqa: BLE001 - best effort on the way out
+        except Exception:  # best effort on the way out: Redis may be gone already
             log.debug("could not withdraw %s", self._worker_id, exc_info=True)
 
     def beat(self) -> None:
@@ -79,7 +79,7 @@ class Heartbeat:
         while not self._stop.wait(self._interval_s):
             try:
                 self.beat()
-            except Exception:  # noqa: BLE001 - Redis may be restarting; keep beating
+            except Exception:  # Redis may be restarting: keep beating
                 log.warning("heartbeat of %s failed; retrying", self._worker_id, exc_info=True)
 
 

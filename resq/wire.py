@@ -17,6 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from resq import jsonutil
+from resq.redis_types import StreamFields
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
@@ -62,13 +63,11 @@ class FinishEntry:
 
 TokenStreamEntry = StartEntry | TokensEntry | FinishEntry
 
-StreamFields = dict[bytes, bytes] | dict[str, str | bytes | int]
 
-
-def encode_entry(entry: TokenStreamEntry) -> dict[str, str | bytes | int]:
+def encode_entry(entry: TokenStreamEntry) -> StreamFields:
     """Fields of the Redis stream entry for ``entry``."""
     if isinstance(entry, TokensEntry):
-        fields: dict[str, str | bytes | int] = {"type": "tokens", "ids": jsonutil.dumps(entry.token_ids)}
+        fields: StreamFields = {"type": "tokens", "ids": jsonutil.dumps(entry.token_ids)}
         if entry.logprobs is not None:
             fields["logprobs"] = jsonutil.dumps(entry.logprobs)
         return fields

@@ -13,6 +13,7 @@ from api.deps import StateDep
 from api.http import json_response
 from resq import keys
 from resq.heartbeat import alive_workers
+from resq.redis_types import scored_members
 
 router = APIRouter()
 
@@ -27,7 +28,9 @@ async def health(state: StateDep) -> Response:
         await state.redis.ping()
         now = time.time()
         gpu = alive_workers(
-            await state.redis.zrange(keys.GPU_WORKERS, 0, -1, withscores=True), now, settings.worker_ttl_s
+            scored_members(await state.redis.zrange(keys.GPU_WORKERS, 0, -1, withscores=True)),
+            now,
+            settings.worker_ttl_s,
         )
         report["gpu_workers"] = len(gpu)
         if not gpu:
@@ -35,7 +38,9 @@ async def health(state: StateDep) -> Response:
         if settings.postprocess_workers == 0:
             report["postprocess_workers"] = "inline"
         else:
-            members = await state.redis.zrange(keys.POSTPROCESS_WORKERS, 0, -1, withscores=True)
+            members = scored_members(
+                await state.redis.zrange(keys.POSTPROCESS_WORKERS, 0, -1, withscores=True)
+            )
             postprocess = alive_workers(members, now, settings.worker_ttl_s)
             report["postprocess_workers"] = len(postprocess)
             if not postprocess:

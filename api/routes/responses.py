@@ -80,7 +80,8 @@ async def _wait_for_final(state: AppState, accepted: Accepted, request: Request)
 
         async def watch_client() -> None:
             # A non-streaming client that hangs up must not keep the GPU busy either.
-            while not await request.is_disconnected():
+            # Starlette reports a disconnect only when asked: poll.
+            while not await request.is_disconnected():  # noqa: ASYNC110
                 await anyio.sleep(0.5)
             await _cancel_generation(state, response_id)
             group.cancel_scope.cancel()

@@ -95,8 +95,8 @@ def _build(out_dir: Path) -> None:
     tokenizer.add_tokens(MARKUP_TOKENS, special_tokens=False)
     tokenizer.chat_template = CHAT_TEMPLATE_PATH.read_text()
 
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    endoftext = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    im_end = int(tokenizer.convert_tokens_to_ids("<|im_end|>"))  # type: ignore[arg-type]
+    endoftext = int(tokenizer.convert_tokens_to_ids("<|endoftext|>"))  # type: ignore[arg-type]
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=len(tokenizer),

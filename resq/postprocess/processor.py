@@ -18,10 +18,11 @@ from resq.catalog import TextTokenizer
 from resq.events import builders as build
 from resq.events import types
 from resq.events.assembler import OutputAssembler
+from resq.events.builders import ItemStatus
 from resq.events.emitter import EncodedEvent, EventEmitter
 from resq.options import ProcessingOptions
 from resq.postprocess.detokenizer import IncrementalDetokenizer
-from resq.postprocess.parsers import make_parser
+from resq.postprocess.parsers import ReasoningTokenCounter, make_parser
 from resq.postprocess.segments import Segment
 from resq.wire import FinishEntry, StartEntry, TokensEntry, TokenStreamEntry
 
@@ -58,6 +59,7 @@ class ResponseProcessor:
         self._emitter = EventEmitter(options.first_sequence_number)
         self._detokenizer = IncrementalDetokenizer(tokenizer)
         self._parser = make_parser(options)
+        self._reasoning_counter = ReasoningTokenCounter() if self._parser.tracks_reasoning else None
         self._assembler = OutputAssembler(response_id)
         self._started = False
         self.reasoning_tokens = 0
@@ -81,11 +83,14 @@ class ResponseProcessor:
             self._started = True
             events.append(build.response_event(types.IN_PROGRESS, self.in_progress_response()))
         if isinstance(entry, TokensEntry):
-            events += self._segments_to_events(self._parser.feed(self._detokenizer.feed(entry.token_ids)))
+            events += self._segments_to_events(self._feed(entry.token_ids))
         elif isinstance(entry, FinishEntry):
             self.finish = entry
             events += self._segments_to_events(self._parser.finish())
-            item_status = "completed" if entry.finish_reason == "stop" else "incomplete"
+            if self._reasoning_counter is not None:
+                self._reasoning_counter.finish(self._parser.take_reasoning_spans())
+                self.reasoning_tokens = self._reasoning_counter.count
+            item_status: ItemStatus = "completed" if entry.finish_reason == "stop" else "incomplete"
             events += self._assembler.close(item_status)
         elif not isinstance(entry, StartEntry):  # pragma: no cover - exhaustive union
             raise TypeError(f"unexpected entry {entry!r}")
@@ -123,6 +128,22 @@ class ResponseProcessor:
         return self._emitter.emit_with_response_json(types.TERMINAL_BY_STATUS[status], response_json)
 
     # --- internals -----------------------------------------------------------------------------
+
+    def _feed(self, token_ids: list[int]) -> list[Segment]:
+        counter = self._reasoning_counter
+        if counter is None:
+            return self._parser.feed(self._detokenizer.feed(token_ids))
+        # One token at a time, so that each token's characters are known and the parser can say
+        # which of them are reasoning. The parser sees the same chunks whatever the entry sizes,
+        # so the events are identical for any chunking of the token stream too.
+        segments: list[Segment] = []
+        for token_id in token_ids:
+            text = self._detokenizer.feed([token_id])
+            counter.add_token(len(text))
+            segments += self._parser.feed(text)
+            counter.settle(self._parser.take_reasoning_spans(), self._parser.resolved)
+        self.reasoning_tokens = counter.count
+        return segments
 
     def _segments_to_events(self, segments: list[Segment]) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []

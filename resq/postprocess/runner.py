@@ -22,6 +22,7 @@ from resq.events.emitter import EncodedEvent, EventEmitter
 from resq.options import ProcessingOptions
 from resq.postprocess.processor import Finished, ResponseProcessor
 from resq.records import FINALIZE_LUA, MARK_IN_PROGRESS_LUA
+from resq.redis_types import range_entries, stream_entries
 from resq.settings import Settings
 from resq.wire import FinishEntry, StartEntry, decode_entry
 
@@ -61,7 +62,7 @@ class EventLogWriter:
 
 def _logged_state(redis: Redis, response_id: str) -> tuple[int, bool]:
     """How many events are logged, and whether the last one is terminal."""
-    last = redis.xrevrange(keys.events(response_id), count=1)
+    last = range_entries(redis.xrevrange(keys.events(response_id), count=1))
     if not last:
         return 0, False
     entry_id, fields = last[0]
@@ -130,14 +131,14 @@ def run_postprocess(redis: Redis, catalog: ModelCatalog, settings: Settings, res
     tokens_key = keys.tokens(response_id)
     last_id: bytes | str = "0-0"
     while True:
-        reply = redis.xread({tokens_key: last_id}, count=READ_COUNT, block=READ_BLOCK_MS)
-        if not reply:
+        entries = stream_entries(redis.xread({tokens_key: last_id}, count=READ_COUNT, block=READ_BLOCK_MS))
+        if not entries:
             if not redis.exists(keys.record(response_id)):
                 log.info("response %s was deleted while in flight", response_id)
                 return "missing"
             continue
         events: list[EncodedEvent] = []
-        for entry_id, fields in reply[0][1]:
+        for entry_id, fields in entries:
             last_id = entry_id
             entry = decode_entry(fields)
             if isinstance(entry, StartEntry):

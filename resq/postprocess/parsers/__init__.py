@@ -2,7 +2,13 @@
 
 A parser sees the answer as a sequence of text chunks of any size and must give
 the same segments whatever the chunking. Parsers are chosen per response from
-:class:`resq.options.ProcessingOptions`.
+:class:`resq.options.ProcessingOptions` and chained by :func:`make_parser`:
+reasoning (``reasoning_parser``) -> tool calls (``tool_parser``, only when
+``tools_enabled``; otherwise tool-call markup stays plain text) -> text.
+
+- ``qwen3`` / ``deepseek_r1``: ``<think>...</think>`` (:mod:`.reasoning`); they differ
+  only in whether generation starts inside reasoning (the template opened ``<think>``).
+- ``hermes``: ``<tool_call>{json}</tool_call>`` (:mod:`.hermes`).
 """
 
 from __future__ import annotations
@@ -10,7 +16,23 @@ from __future__ import annotations
 from typing import Protocol
 
 from resq.options import ProcessingOptions
+from resq.postprocess.parsers.chain import ParserChain
+from resq.postprocess.parsers.hermes import HermesToolParser
+from resq.postprocess.parsers.reasoning import ReasoningParser, ReasoningTokenCounter
 from resq.postprocess.segments import Segment, TextSegment
+
+__all__ = [
+    "REASONING_PARSERS",
+    "TOOL_PARSERS",
+    "HermesToolParser",
+    "OutputParser",
+    "ParserChain",
+    "PlainTextParser",
+    "ReasoningParser",
+    "ReasoningTokenCounter",
+    "UnknownParserError",
+    "make_parser",
+]
 
 
 class OutputParser(Protocol):
@@ -41,14 +63,21 @@ class UnknownParserError(ValueError):
     """A parser name that resq does not know."""
 
 
-REASONING_PARSERS: tuple[str, ...] = ()
-TOOL_PARSERS: tuple[str, ...] = ()
+# Name -> whether generation starts inside reasoning (the chat template ends with <think>).
+_STARTS_IN_REASONING: dict[str, bool] = {"qwen3": False, "deepseek_r1": True}
+
+REASONING_PARSERS: tuple[str, ...] = tuple(_STARTS_IN_REASONING)
+TOOL_PARSERS: tuple[str, ...] = ("hermes",)
 
 
-def make_parser(options: ProcessingOptions) -> OutputParser:
-    """The parser chain for a response."""
+def make_parser(options: ProcessingOptions) -> ParserChain:
+    """The parser chain for a response (names are checked even when a stage stays off)."""
     if options.reasoning_parser is not None and options.reasoning_parser not in REASONING_PARSERS:
         raise UnknownParserError(f"unknown reasoning parser {options.reasoning_parser!r}")
     if options.tool_parser is not None and options.tool_parser not in TOOL_PARSERS:
         raise UnknownParserError(f"unknown tool parser {options.tool_parser!r}")
-    return PlainTextParser()
+    reasoning = None
+    if options.reasoning_parser is not None:
+        reasoning = ReasoningParser(starts_in_reasoning=_STARTS_IN_REASONING[options.reasoning_parser])
+    tools = HermesToolParser() if options.tool_parser is not None and options.tools_enabled else None
+    return ParserChain(reasoning, tools)

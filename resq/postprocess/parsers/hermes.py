@@ -1,0 +1,155 @@
+"""The Hermes tool-call parser: ``<tool_call>{json}</tool_call>`` blocks (Hermes, Qwen2.5, Qwen3).
+
+A block whose JSON (whitespace around it allowed) is an object with a non-empty
+string ``name`` and an ``arguments`` object, or a JSON string holding one, becomes
+a :class:`ToolCallSegment` whose ``arguments`` is ``json.dumps(arguments,
+ensure_ascii=False)`` (default separators). Text outside blocks goes on as
+:class:`TextSegment`\\ s.
+
+Nothing that is not a valid call is lost or invented:
+
+- a block with invalid JSON, a missing or empty ``name``, or ``arguments`` that
+  are not an object is released as plain text, the raw markup included, exactly
+  as generated (no phantom call);
+- a block still open when the output ends (cut off) is released the same way;
+- a stray ``</tool_call>`` outside a block is plain text too.
+
+Whitespace: a run of text between two calls, or between a call and the start or
+end of the output, that is whitespace only (the ``"\\n"`` between two calls) is
+dropped, so it never opens an empty message. Any run with a visible character is
+kept exactly, its whitespace included (``"Let me check.\\n"`` before a call).
+
+Streaming: text is released as soon as it cannot be part of a tag (a tail such
+as ``<tool_`` waits for the next chunk), except that a run's leading whitespace
+waits for its first visible character, and a block waits for its ``</tool_call>``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from resq.postprocess.parsers.markup import partial_tag_length
+from resq.postprocess.segments import Segment, TextSegment, ToolCallSegment
+
+CALL_OPEN = "<tool_call>"
+CALL_CLOSE = "</tool_call>"
+
+
+class HermesToolParser:
+    """Finds ``<tool_call>`` blocks in answer text of any chunking."""
+
+    def __init__(self) -> None:
+        self._buffer = ""
+        self._in_call = False
+        self._scanned = 0
+        """In a block: how much of the buffer is known to hold no ``</tool_call>``."""
+        self._run_has_text = False
+        """Whether the current text run (since the start or the last call) showed a visible character."""
+        self._held_whitespace = ""
+        """The current run's text while it is whitespace only."""
+        self._after_call = False
+
+    def feed(self, text: str) -> list[Segment]:
+        """Segments that ``text`` (the next chunk of answer text) completes."""
+        self._buffer += text
+        out: list[Segment] = []
+        while self._step(out):
+            pass
+        return out
+
+    def finish(self) -> list[Segment]:
+        """Release everything held back; the parser is then ready for new text, as if new.
+
+        The chain also calls this where a reasoning block interrupts the answer, so no
+        call is ever assembled across reasoning.
+        """
+        out: list[Segment] = []
+        if self._in_call:
+            self._in_call = False
+            self._text(out, CALL_OPEN + self._buffer)
+        else:
+            self._text(out, self._buffer)
+        if self._held_whitespace and not self._after_call:
+            out.append(TextSegment(self._held_whitespace))
+        self._buffer = ""
+        self._run_has_text = False
+        self._held_whitespace = ""
+        self._after_call = False
+        return out
+
+    # --- internals -----------------------------------------------------------------------------
+
+    def _step(self, out: list[Segment]) -> bool:
+        """Process the buffer up to its next tag; False when it needs more text."""
+        if self._in_call:
+            end = self._buffer.find(CALL_CLOSE, self._scanned)
+            if end < 0:
+                # Rescan only the tail where a close tag could still be completed.
+                self._scanned = max(0, len(self._buffer) - len(CALL_CLOSE) + 1)
+                return False
+            body = self._buffer[:end]
+            self._buffer = self._buffer[end + len(CALL_CLOSE) :]
+            self._in_call = False
+            self._close_block(out, body)
+            return True
+        start = self._buffer.find(CALL_OPEN)
+        if start < 0:
+            keep = partial_tag_length(self._buffer, (CALL_OPEN,))
+            self._text(out, self._buffer[: len(self._buffer) - keep])
+            self._buffer = self._buffer[len(self._buffer) - keep :]
+            return False
+        self._text(out, self._buffer[:start])
+        self._buffer = self._buffer[start + len(CALL_OPEN) :]
+        self._in_call = True
+        self._scanned = 0
+        return True
+
+    def _close_block(self, out: list[Segment], body: str) -> None:
+        call = parse_call(body)
+        if call is None:
+            self._text(out, CALL_OPEN + body + CALL_CLOSE)
+            return
+        # Whitespace-only text right before a call is dropped with it.
+        self._held_whitespace = ""
+        out.append(call)
+        self._run_has_text = False
+        self._after_call = True
+
+    def _text(self, out: list[Segment], text: str) -> None:
+        if not text:
+            return
+        if not self._run_has_text:
+            text = self._held_whitespace + text
+            if text.isspace():
+                self._held_whitespace = text
+                return
+            self._held_whitespace = ""
+            self._run_has_text = True
+        out.append(TextSegment(text))
+
+
+def _reject_constant(name: str) -> Any:
+    # NaN and Infinity are not JSON: json.dumps would write them back out as invalid arguments.
+    raise ValueError(f"not JSON: {name}")
+
+
+def _loads(text: str) -> Any:
+    return json.loads(text, parse_constant=_reject_constant)
+
+
+def parse_call(body: str) -> ToolCallSegment | None:
+    """The call a block's body describes, or None when it is not a valid call."""
+    try:
+        obj = _loads(body)
+        if not isinstance(obj, dict):
+            return None
+        name = obj.get("name")
+        arguments = obj.get("arguments")
+        if isinstance(arguments, str):
+            arguments = _loads(arguments)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(name, str) or not name or not isinstance(arguments, dict):
+        return None
+    return ToolCallSegment(name, json.dumps(arguments, ensure_ascii=False))

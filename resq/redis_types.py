@@ -1,0 +1,37 @@
+"""Typed views of redis-py replies.
+
+resq never sets ``decode_responses``: every reply is bytes. redis-py annotates
+replies as unions of bytes and str (and of sync and async shapes), so these
+helpers state, in one place, what the replies are.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeAlias, cast
+
+from redis.typing import EncodableT, FieldT
+
+StreamEntry: TypeAlias = tuple[bytes, dict[bytes, bytes]]
+StreamFields: TypeAlias = dict[FieldT, EncodableT]
+
+
+def stream_entries(reply: Any) -> list[StreamEntry]:
+    """The entries of an ``XREAD`` reply on one stream (empty when it timed out)."""
+    if not reply:
+        return []
+    return cast(list[StreamEntry], reply[0][1])
+
+
+def range_entries(reply: Any) -> list[StreamEntry]:
+    """The entries of an ``XRANGE``/``XREVRANGE`` reply."""
+    return cast(list[StreamEntry], reply or [])
+
+
+def optional_bytes(reply: Any) -> bytes | None:
+    """A ``GET``/``HGET`` reply."""
+    return cast(bytes | None, reply)
+
+
+def scored_members(reply: Any) -> list[tuple[bytes, float]]:
+    """A ``ZRANGE ... WITHSCORES`` reply."""
+    return cast(list[tuple[bytes, float]], reply)

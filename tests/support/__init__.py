@@ -1,0 +1,1 @@
+"""Test support: process harness for end-to-end tests and stream invariant checks."""

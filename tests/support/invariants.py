@@ -1,0 +1,118 @@
+"""The invariants every streamed response must keep, checked on event dicts.
+
+Used on every streamed end-to-end test and in the processor's unit tests, so
+"the stream is well-formed" means the same thing everywhere.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
+CONTENT_EVENTS = {
+    "response.content_part.added",
+    "response.content_part.done",
+    "response.output_text.delta",
+    "response.output_text.done",
+    "response.reasoning_text.delta",
+    "response.reasoning_text.done",
+    "response.function_call_arguments.delta",
+    "response.function_call_arguments.done",
+}
+
+
+def as_dict(event: Any) -> dict[str, Any]:
+    """An SDK event (pydantic) or a dict, as a plain dict."""
+    if isinstance(event, dict):
+        return event
+    dumped: dict[str, Any] = event.model_dump(mode="json")
+    return dumped
+
+
+def item_text(item: dict[str, Any]) -> str:
+    """The text of an output item (message text, reasoning text, call arguments)."""
+    if item["type"] == "function_call":
+        return str(item["arguments"])
+    return "".join(part.get("text", "") for part in item.get("content") or [])
+
+
+def check_stream(
+    events: list[Any], *, background: bool = False, first_sequence_number: int = 0
+) -> dict[str, Any]:
+    """Assert the stream invariants; return the final Response (from the terminal event) as a dict."""
+    dicts = [as_dict(event) for event in events]
+    assert dicts, "empty stream"
+    types = [event["type"] for event in dicts]
+    numbers = [event["sequence_number"] for event in dicts]
+    assert numbers == list(range(first_sequence_number, first_sequence_number + len(dicts))), numbers
+
+    if first_sequence_number == 0:
+        expected_head = ["response.created", "response.queued"] if background else ["response.created"]
+        assert types[: len(expected_head)] == expected_head, types[:3]
+        in_progress_at = len(expected_head)
+        if types[-1] != "response.incomplete" or types[in_progress_at] == "response.in_progress":
+            assert types[in_progress_at] == "response.in_progress", types[:4]
+
+    terminal_positions = [index for index, kind in enumerate(types) if kind in TERMINAL]
+    assert terminal_positions == [len(types) - 1], f"terminal events at {terminal_positions} of {len(types)}"
+    final = dicts[-1]["response"]
+
+    added: dict[int, dict[str, Any]] = {}
+    done: dict[int, dict[str, Any]] = {}
+    deltas: dict[int, list[str]] = defaultdict(list)
+    done_texts: dict[int, str] = {}
+    parts_open: set[tuple[int, int]] = set()
+    for event in dicts:
+        kind = event["type"]
+        if kind == "response.output_item.added":
+            index = event["output_index"]
+            assert index not in added, f"output_index {index} reused"
+            assert index == len(added), f"output_index {index} out of order"
+            added[index] = event["item"]
+        elif kind == "response.output_item.done":
+            index = event["output_index"]
+            assert index in added and index not in done, f"item done without added / twice at {index}"
+            assert event["item"]["id"] == added[index]["id"], "item id changed between added and done"
+            assert not any(key[0] == index for key in parts_open), "item done while a part is open"
+            done[index] = event["item"]
+        elif kind in CONTENT_EVENTS:
+            index = event["output_index"]
+            assert index in added and index not in done, f"{kind} outside its item's lifetime"
+            assert event["item_id"] == added[index]["id"], f"{kind} names another item"
+            if kind == "response.content_part.added":
+                key = (index, event["content_index"])
+                assert key not in parts_open
+                parts_open.add(key)
+            elif kind == "response.content_part.done":
+                key = (index, event["content_index"])
+                assert key in parts_open, "part done without added"
+                parts_open.remove(key)
+            elif kind.endswith(".delta"):
+                deltas[index].append(event["delta"])
+            elif kind.endswith("arguments.done"):
+                done_texts[index] = event["arguments"]
+            else:
+                done_texts[index] = event["text"]
+    assert set(added) == set(done), f"items added {sorted(added)} but done {sorted(done)}"
+
+    for index, texts in deltas.items():
+        assert "".join(texts) == done_texts[index], f"deltas of item {index} do not add up to its done text"
+    output = final["output"]
+    assert [item["id"] for item in output] == [done[index]["id"] for index in sorted(done)], "item ids differ"
+    for index, item in enumerate(output):
+        assert item == done[index], f"final item {index} differs from its output_item.done"
+        if index in done_texts:
+            assert item_text(item) == done_texts[index]
+    return dict(final)
+
+
+def output_text(response: dict[str, Any]) -> str:
+    """All message text of a Response dict (as the SDK's ``output_text``)."""
+    return "".join(
+        part.get("text", "")
+        for item in response["output"]
+        if item["type"] == "message"
+        for part in item["content"]
+        if part["type"] == "output_text"
+    )

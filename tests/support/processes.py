@@ -1,0 +1,126 @@
+"""Real resq processes for end-to-end tests: started as the ``resq`` command starts them.
+
+Every role runs as ``python -m resq <role>`` with ``RESQ_*`` variables, logs to
+a file (printed when a start fails), and is stopped with SIGTERM, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import redis
+
+START_TIMEOUT_S = 180.0
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class RoleProcess:
+    """One running role and its log file."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log_tail(self, lines: int = 60) -> str:
+        """The end of the role's log."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def alive(self) -> bool:
+        """Whether it still runs."""
+        return self.process.poll() is None
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM, then SIGKILL if it lingers."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def kill(self) -> None:
+        """SIGKILL at once (fault injection)."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+@dataclass
+class ProcessGroup:
+    """Starts roles with a shared base environment; stops all of them at the end."""
+
+    log_dir: Path
+    base_env: dict[str, str]
+    processes: list[RoleProcess] = field(default_factory=list)
+
+    def start(self, role: str, name: str, **env: str) -> RoleProcess:
+        """Start ``python -m resq <role>`` with extra ``RESQ_*`` variables."""
+        log_path = self.log_dir / f"{name}.log"
+        full_env = {**os.environ, **self.base_env, **env, "PYTHONUNBUFFERED": "1"}
+        with open(log_path, "ab") as log_file:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "resq", role], env=full_env, stdout=log_file, stderr=subprocess.STDOUT
+            )
+        started = RoleProcess(name, process, log_path)
+        self.processes.append(started)
+        return started
+
+    def stop_all(self) -> None:
+        """Stop every process started, newest first."""
+        for role in reversed(self.processes):
+            role.stop()
+        self.processes.clear()
+
+
+def wait_until(
+    condition: Callable[[], bool], timeout_s: float, what: str, watched: list[RoleProcess] | None = None
+) -> None:
+    """Poll ``condition`` until true; fail with the logs of ``watched`` if it never is."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for role in watched or []:
+            if not role.alive():
+                raise RuntimeError(f"{role.name} exited while waiting for {what}:\n{role.log_tail()}")
+        try:
+            if condition():
+                return
+        except (httpx.HTTPError, redis.RedisError, OSError):
+            pass
+        time.sleep(0.2)
+    logs = "\n\n".join(f"--- {role.name} ---\n{role.log_tail()}" for role in watched or [])
+    raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}\n{logs}")
+
+
+def api_healthy(base_url: str) -> bool:
+    """Whether ``/health`` answers 200."""
+    return httpx.get(f"{base_url}/health", timeout=2).status_code == 200
+
+
+def model_registered(redis_url: str, model_name: str) -> bool:
+    """Whether a GPU worker registered ``model_name``."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return bool(client.hexists("resq:models", model_name))
+    finally:
+        client.close()
