@@ -43,6 +43,15 @@ def _watch_engine(publisher: TokenPublisher) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
+def _drain(publisher: TokenPublisher, grace_s: float) -> None:
+    """Let the requests in the engine finish, for up to ``grace_s`` seconds."""
+    deadline = time.monotonic() + grace_s
+    if publisher.active_count:
+        log.info("waiting up to %.0fs for %d requests to finish", grace_s, publisher.active_count)
+    while publisher.active_count and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def run(settings: Settings) -> None:
     """Run one GPU worker until SIGTERM/SIGINT."""
     loaded = load_model(settings)
@@ -90,5 +99,7 @@ def run(settings: Settings) -> None:
         )
     finally:
         heartbeat.stop()
-        engine.stop()
+        _drain(publisher, settings.shutdown_grace_s)
         publisher.stop()
+        engine.stop()
+        publisher.fail_remaining("The GPU worker shut down before the response finished.")

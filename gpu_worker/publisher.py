@@ -82,9 +82,13 @@ class TokenPublisher:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop publishing (after the engine stopped)."""
+        """Stop publishing (the engine may stop afterwards without it counting as a failure)."""
         self._stop.set()
         self._thread.join(timeout=5)
+
+    def fail_remaining(self, message: str) -> None:
+        """End every request still tracked with an error (the worker is going away)."""
+        self._fail_all(message)
 
     # --- the publishing loop -------------------------------------------------------------------
 

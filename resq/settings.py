@@ -72,6 +72,10 @@ class Settings(BaseSettings):
     )
     seed: int | None = Field(None, description="Sampling seed of the engine; unset: random.")
 
+    shutdown_grace_s: float = Field(
+        10.0, ge=0, description="On SIGTERM, how long the GPU worker lets running requests finish."
+    )
+
     # --- post-processing -----------------------------------------------------------------------
     postprocess_workers: int = Field(
         2,
