@@ -42,7 +42,8 @@ lock: install  ## Re-pin the images' requirements (docker/requirements/*.txt)
 	$(LOCK) --extra gpu -o docker/requirements/gpu.txt
 
 docs: install  ## Regenerate the settings table, .env.example and compose's settings list
-	$(BIN)/python -m resq.settings_doc --write README.md .env.example docker-compose.yml
+	$(BIN)/python -m resq.settings_doc --write README.md .env.example docker-compose.yml \
+		deploy/compose.gpu-host.yml
 
 compose-config:  ## Validate docker-compose.yml (needs docker-compose or docker compose, no engine)
 	docker-compose --env-file .env.example config --quiet

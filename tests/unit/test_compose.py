@@ -23,8 +23,10 @@ from resq.settings_doc import variable
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
+GPU_HOST_FILE = ROOT / "deploy" / "compose.gpu-host.yml"
 ENV_EXAMPLE = ROOT / ".env.example"
 RESQ_SERVICES = ("api", "postprocess", "gpu-worker")
+GPU_HOST_SERVICES = ("gpu-worker-0", "gpu-worker-1")
 SETTING_VARIABLES = {variable(name) for name in Settings.model_fields}
 
 
@@ -39,27 +41,38 @@ def compose_command() -> list[str]:
     pytest.fail("validating docker-compose.yml needs docker-compose: apt-get install docker-compose")
 
 
-def compose_config(**variables: str) -> dict[str, Any]:
-    """The file as compose resolves it with ``.env.example`` and ``variables``."""
+def run_compose_config(compose_file: Path, **variables: str) -> subprocess.CompletedProcess[str]:
+    """``compose config`` of ``compose_file`` with ``.env.example`` and ``variables`` (no other RESQ_*)."""
     environment = {key: value for key, value in os.environ.items() if not key.startswith("RESQ_")}
-    result = subprocess.run(
-        [*compose_command(), "--env-file", str(ENV_EXAMPLE), "-f", str(COMPOSE_FILE), "config"],
+    return subprocess.run(
+        [*compose_command(), "--env-file", str(ENV_EXAMPLE), "-f", str(compose_file), "config"],
         cwd=ROOT,
         env={**environment, **variables},
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert result.returncode == 0, f"compose rejects the file:\n{result.stderr}"
+
+
+def compose_config(compose_file: Path = COMPOSE_FILE, **variables: str) -> dict[str, Any]:
+    """The file as compose resolves it."""
+    result = run_compose_config(compose_file, **variables)
+    assert result.returncode == 0, f"compose rejects {compose_file.name}:\n{result.stderr}"
     parsed: dict[str, Any] = yaml.safe_load(result.stdout)
     return parsed
 
 
 @cache
-def compose_yaml() -> dict[str, Any]:
+def compose_yaml(compose_file: Path = COMPOSE_FILE) -> dict[str, Any]:
     """The file as YAML (anchors and merge keys resolved), before interpolation."""
-    loaded: dict[str, Any] = yaml.safe_load(COMPOSE_FILE.read_text())
+    loaded: dict[str, Any] = yaml.safe_load(compose_file.read_text())
     return loaded
+
+
+def resq_services() -> list[tuple[Path, str]]:
+    return [(COMPOSE_FILE, name) for name in RESQ_SERVICES] + [
+        (GPU_HOST_FILE, name) for name in GPU_HOST_SERVICES
+    ]
 
 
 def test_compose_validates_with_the_defaults() -> None:
@@ -80,22 +93,34 @@ def test_compose_passes_chosen_values_through() -> None:
     assert str(services["api"]["environment"]["RESQ_POSTPROCESS_WORKERS"]) == "0"
 
 
-@pytest.mark.parametrize("service", RESQ_SERVICES)
-def test_every_resq_variable_compose_sets_is_a_setting(service: str) -> None:
-    environment = compose_yaml()["services"][service]["environment"]
+@pytest.mark.parametrize(("compose_file", "service"), resq_services())
+def test_every_resq_variable_compose_sets_is_a_setting(compose_file: Path, service: str) -> None:
+    environment = compose_yaml(compose_file)["services"][service]["environment"]
     unknown = {key for key in environment if key.startswith("RESQ_")} - SETTING_VARIABLES
     assert not unknown, f"{service} sets variables no setting reads: {sorted(unknown)}"
 
 
-@pytest.mark.parametrize("service", RESQ_SERVICES)
-def test_every_setting_can_be_set_for_every_resq_service(service: str) -> None:
-    environment = compose_yaml()["services"][service]["environment"]
+@pytest.mark.parametrize(("compose_file", "service"), resq_services())
+def test_every_setting_can_be_set_for_every_resq_service(compose_file: Path, service: str) -> None:
+    environment = compose_yaml(compose_file)["services"][service]["environment"]
     missing = SETTING_VARIABLES - set(environment)
     assert not missing, f"{service} does not pass through {sorted(missing)}: run `make docs`"
 
 
-def test_every_compose_variable_is_documented_in_env_example() -> None:
-    used = set(re.findall(r"\$\{([A-Z_][A-Z0-9_]*)", COMPOSE_FILE.read_text()))
+def test_the_gpu_host_file_validates_and_demands_the_shared_redis() -> None:
+    services = compose_config(GPU_HOST_FILE, RESQ_REDIS_URL="redis://main-host:6379/0")["services"]
+    assert set(services) == set(GPU_HOST_SERVICES)
+    assert {s["environment"]["RESQ_REDIS_URL"] for s in services.values()} == {"redis://main-host:6379/0"}
+    device_ids = [
+        s["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] for s in services.values()
+    ]
+    assert sorted(device_ids) == [["0"], ["1"]]  # one GPU each, none shared
+    assert run_compose_config(GPU_HOST_FILE).returncode != 0  # no RESQ_REDIS_URL: refused
+
+
+@pytest.mark.parametrize("compose_file", [COMPOSE_FILE, GPU_HOST_FILE], ids=lambda path: path.name)
+def test_every_compose_variable_is_documented_in_env_example(compose_file: Path) -> None:
+    used = set(re.findall(r"\$\{([A-Z_][A-Z0-9_]*)", compose_file.read_text()))
     documented = set(re.findall(r"^# ([A-Z_][A-Z0-9_]*)=", ENV_EXAMPLE.read_text(), flags=re.MULTILINE))
     assert used, "the compose file interpolates nothing?"
     assert not used - documented, f"undocumented in .env.example: {sorted(used - documented)}"
