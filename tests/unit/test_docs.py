@@ -37,8 +37,9 @@ def registered_metrics() -> set[str]:
 
     import api.metrics
     import gpu_worker.metrics
-    import resq.postprocess.metrics  # noqa: F401
+    import resq.postprocess.metrics
 
+    assert api.metrics.REQUESTS and gpu_worker.metrics.GENERATED_TOKENS and resq.postprocess.metrics.LAG
     return {family.name for family in REGISTRY.collect() if family.name.startswith("resq_")}
 
 
