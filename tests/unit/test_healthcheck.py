@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
@@ -19,42 +20,60 @@ from resq.healthcheck import check
 from resq.settings import Settings
 from tests.support.processes import free_port
 
-HOST = "container-a1b2c3"
-
 
 @pytest.fixture
-def settings(redis_url: str, redis_client: redis.Redis) -> Settings:
-    redis_client.delete(keys.GPU_WORKERS, keys.POSTPROCESS_WORKERS)
+def settings(redis_url: str) -> Settings:
     return Settings(redis_url=redis_url, worker_ttl_s=10.0)
 
 
-def beat(client: redis.Redis, members_key: str, member: str, age_s: float) -> None:
-    client.zadd(members_key, {member: time.time() - age_s})
+@pytest.fixture
+def host() -> str:
+    """A host name of this test's own: live workers of the session beat under theirs."""
+    return f"container-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def beat(redis_client: redis.Redis) -> Iterator[Callable[[str, str, float], None]]:
+    """Write a heartbeat ``age_s`` old; removed after the test."""
+    written: list[tuple[str, str]] = []
+
+    def write(members_key: str, member: str, age_s: float) -> None:
+        redis_client.zadd(members_key, {member: time.time() - age_s})
+        written.append((members_key, member))
+
+    yield write
+    for members_key, member in written:
+        redis_client.zrem(members_key, member)
 
 
 def test_a_worker_with_a_fresh_heartbeat_on_this_host_is_healthy(
-    settings: Settings, redis_client: redis.Redis
+    settings: Settings, host: str, beat: Callable[[str, str, float], None]
 ) -> None:
-    beat(redis_client, keys.POSTPROCESS_WORKERS, f"postprocess@{HOST}:1", age_s=1.0)
-    health = check("postprocess-worker", settings, hostname=HOST)
+    beat(keys.POSTPROCESS_WORKERS, f"postprocess@{host}:1", 1.0)
+    health = check("postprocess-worker", settings, hostname=host)
     assert health.healthy, health.detail
 
 
-def test_a_stale_heartbeat_is_unhealthy(settings: Settings, redis_client: redis.Redis) -> None:
-    beat(redis_client, keys.GPU_WORKERS, f"gpu@{HOST}:1", age_s=30.0)
-    health = check("gpu-worker", settings, hostname=HOST)
+def test_a_stale_heartbeat_is_unhealthy(
+    settings: Settings, host: str, beat: Callable[[str, str, float], None]
+) -> None:
+    beat(keys.GPU_WORKERS, f"gpu@{host}:1", 30.0)
+    health = check("gpu-worker", settings, hostname=host)
     assert not health.healthy and "old" in health.detail
 
 
-def test_another_hosts_heartbeat_does_not_count(settings: Settings, redis_client: redis.Redis) -> None:
-    beat(redis_client, keys.GPU_WORKERS, "gpu@another-host:1", age_s=0.0)
-    beat(redis_client, keys.POSTPROCESS_WORKERS, f"postprocess@{HOST}:1", age_s=0.0)
-    assert not check("gpu-worker", settings, hostname=HOST).healthy
+def test_another_hosts_heartbeat_does_not_count(
+    settings: Settings, host: str, beat: Callable[[str, str, float], None]
+) -> None:
+    beat(keys.GPU_WORKERS, f"gpu@{host}-other:1", 0.0)
+    beat(keys.POSTPROCESS_WORKERS, f"postprocess@{host}:1", 0.0)
+    health = check("gpu-worker", settings, hostname=host)
+    assert not health.healthy and "no gpu worker" in health.detail
 
 
-def test_a_worker_is_unhealthy_when_redis_does_not_answer() -> None:
+def test_a_worker_is_unhealthy_when_redis_does_not_answer(host: str) -> None:
     settings = Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0")
-    health = check("postprocess-worker", settings, hostname=HOST)
+    health = check("postprocess-worker", settings, hostname=host)
     assert not health.healthy and "does not answer" in health.detail
 
 
@@ -107,9 +126,8 @@ def test_an_api_that_does_not_answer_is_unhealthy() -> None:
     assert not health.healthy and "does not answer" in health.detail
 
 
-def test_the_command_exits_non_zero_and_says_why(settings: Settings) -> None:
-    result = CliRunner().invoke(
-        main, ["healthcheck", "postprocess-worker", "--redis-url", settings.redis_url]
-    )
+def test_the_command_exits_non_zero_and_says_why() -> None:
+    dead_redis = f"redis://127.0.0.1:{free_port()}/0"
+    result = CliRunner().invoke(main, ["healthcheck", "postprocess-worker", "--redis-url", dead_redis])
     assert result.exit_code == 1
-    assert result.output.startswith("unhealthy: no postprocess worker of host")
+    assert result.output.startswith("unhealthy: Redis at") and "does not answer" in result.output

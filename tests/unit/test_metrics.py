@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import orjson
@@ -15,9 +16,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api import metrics
 from api.main import create_app
+from api.routes import metrics as metrics_route
 from resq import keys
 from resq.metrics import stream_entry_age_s
 from resq.settings import Settings
+from tests.support.processes import free_port
 
 
 def sample(name: str, **labels: str) -> float:
@@ -92,8 +95,7 @@ def test_stream_entry_age_reads_redis_clock_from_the_id() -> None:
 
 
 @pytest.fixture
-def client(redis_url: str, redis_client: redis.Redis) -> Iterator[TestClient]:
-    redis_client.delete(keys.celery_queue(keys.GENERATE_QUEUE), keys.GPU_WORKERS)
+def client(redis_url: str) -> Iterator[TestClient]:
     with TestClient(create_app(Settings(redis_url=redis_url, postprocess_workers=1))) as test_client:
         yield test_client
 
@@ -130,11 +132,28 @@ def test_response_ids_never_become_labels(client: TestClient) -> None:
 
 
 def test_the_scrape_reads_queue_depth_and_live_workers_from_redis(
-    client: TestClient, redis_client: redis.Redis
+    client: TestClient, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    redis_client.rpush(keys.celery_queue(keys.GENERATE_QUEUE), b"job-1", b"job-2", b"job-3")
-    redis_client.zadd(keys.GPU_WORKERS, {"gpu@unit:1": time.time(), "gpu@unit:2": time.time() - 3600})
-    values = scrape(client)
-    assert values["resq_queue_depth"][(("queue", "generate"),)] == 3
-    assert values["resq_workers_alive"][(("role", "gpu"),)] == 1
+    # A queue of the test's own: live workers of the session consume the real ones.
+    queue = f"unit-{uuid.uuid4().hex}"
+    monkeypatch.setattr(metrics_route, "QUEUES", (keys.GENERATE_QUEUE, queue))
+    fresh, stale = f"gpu@unit-{queue}:1", f"gpu@unit-{queue}:2"
+    alive_before = scrape(client)["resq_workers_alive"][(("role", "gpu"),)]
+    redis_client.rpush(keys.celery_queue(queue), b"m1", b"m2", b"m3")
+    redis_client.zadd(keys.GPU_WORKERS, {fresh: time.time(), stale: time.time() - 3600})
+    try:
+        values = scrape(client)
+    finally:
+        redis_client.delete(keys.celery_queue(queue))
+        redis_client.zrem(keys.GPU_WORKERS, fresh, stale)
+    assert values["resq_queue_depth"][(("queue", queue),)] == 3
+    assert (("queue", "generate"),) in values["resq_queue_depth"]
+    assert values["resq_workers_alive"][(("role", "gpu"),)] == alive_before + 1
     assert values["resq_redis_up"][()] == 1
+
+
+def test_the_scrape_reports_redis_down_instead_of_failing() -> None:
+    dead = Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0", postprocess_workers=1)
+    with TestClient(create_app(dead)) as dead_client:
+        values = scrape(dead_client)
+    assert values["resq_redis_up"][()] == 0
