@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 # host PyPI's default Linux wheel (CUDA) is the one wanted.
 TORCH := torch==2.13.0
 
-.PHONY: install run test test-fast lint format clean
+.PHONY: install run test test-fast lint format clean lock docs compose-config
 
 install: $(STAMP)
 
@@ -31,6 +31,22 @@ lint: install  ## ruff + mypy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy resq api workers gpu_worker
+
+# Pinned, hashed requirements of the images, for every platform (`uv pip compile --universal`).
+LOCK := $(BIN)/uv pip compile pyproject.toml --quiet --universal --python-version 3.11 --generate-hashes \
+	--custom-compile-command 'make lock'
+
+lock: install  ## Re-pin the images' requirements (docker/requirements/*.txt)
+	$(LOCK) -o docker/requirements/slim.txt
+	$(LOCK) --extra flower -o docker/requirements/flower.txt
+	$(LOCK) --extra gpu -o docker/requirements/gpu.txt
+
+docs: install  ## Regenerate the settings table, .env.example and compose's settings list
+	$(BIN)/python -m resq.settings_doc --write README.md .env.example docker-compose.yml \
+		deploy/compose.gpu-host.yml
+
+compose-config:  ## Validate docker-compose.yml (needs docker-compose or docker compose, no engine)
+	docker-compose --env-file .env.example config --quiet
 
 format: install
 	$(BIN)/ruff format .

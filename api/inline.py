@@ -11,7 +11,7 @@ import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from resq.catalog import ModelCatalog
-from resq.postprocess.runner import run_postprocess
+from resq.postprocess.observed import postprocess_response
 from resq.redis_client import sync_redis
 from resq.settings import Settings
 
@@ -31,7 +31,9 @@ class InlinePostprocessor:
 
     def submit(self, response_id: str) -> Future[str]:
         """Start post-processing ``response_id`` in the background."""
-        future = self._pool.submit(run_postprocess, self._redis, self._catalog, self._settings, response_id)
+        future = self._pool.submit(
+            postprocess_response, self._redis, self._catalog, self._settings, response_id
+        )
         future.add_done_callback(self._report)
         return future
 

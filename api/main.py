@@ -8,7 +8,9 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from api.errors import install_error_handlers
-from api.routes import health, models, responses
+from api.log_context import ResponseLogContext
+from api.metrics import HTTPMetricsMiddleware
+from api.routes import health, metrics, models, responses
 from api.state import AppState
 from resq import __version__
 from resq.settings import Settings, get_settings
@@ -32,4 +34,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(responses.router)
     app.include_router(models.router)
     app.include_router(health.router)
+    app.include_router(metrics.router)
+    app.add_middleware(ResponseLogContext)
+    app.add_middleware(HTTPMetricsMiddleware)
     return app

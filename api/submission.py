@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -16,8 +17,11 @@ from resq.conversation import input_to_items, items_to_messages
 from resq.events import builders as build
 from resq.events import types
 from resq.events.emitter import EncodedEvent, EventEmitter
+from resq.logs import bind_response_id
 from resq.options import ProcessingOptions
 from resq.wire import GenerationJob
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TEMPERATURE = 1.0
 DEFAULT_TOP_P = 1.0
@@ -166,6 +170,7 @@ async def accept(state: AppState, request: CreateResponseRequest) -> Accepted:
     )
 
     response_id = ids.new_response_id()
+    bind_response_id(response_id)
     model = tokenizer.card.name
     created = initial_response(request, response_id, model, background, store)
     emitter = EventEmitter(0)
@@ -223,4 +228,7 @@ async def accept(state: AppState, request: CreateResponseRequest) -> Accepted:
     )
     await state.start_postprocessing(response_id)
     await state.send_task(keys.GENERATE_TASK, keys.GENERATE_QUEUE, {"job": job.model_dump()})
+    log.info(
+        "accepted: %d prompt tokens, at most %d new, stream=%s", len(prompt_ids), limit, bool(request.stream)
+    )
     return Accepted(response_id, created, background, store, logged)

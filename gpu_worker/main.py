@@ -11,6 +11,7 @@ import time
 
 from celery import Celery
 
+from gpu_worker import metrics
 from gpu_worker.engine import Engine
 from gpu_worker.model_loading import load_model
 from gpu_worker.publisher import TokenPublisher
@@ -19,6 +20,8 @@ from resq import keys
 from resq.catalog import register_model
 from resq.celery_app import make_celery
 from resq.heartbeat import Heartbeat, new_worker_id
+from resq.logs import response_context
+from resq.metrics import serve_worker_metrics
 from resq.redis_client import sync_redis
 from resq.settings import Settings
 from resq.wire import GenerationJob
@@ -31,7 +34,9 @@ def register_generate_task(app: Celery, service: GenerationService) -> None:
 
     @app.task(name=keys.GENERATE_TASK, ignore_result=True)  # type: ignore[untyped-decorator]
     def generate(job: dict[str, object]) -> None:
-        service.submit(GenerationJob.model_validate(job))
+        parsed = GenerationJob.model_validate(job)
+        with response_context(parsed.response_id):
+            service.submit(parsed)
 
 
 def _watch_engine(publisher: TokenPublisher) -> None:
@@ -62,6 +67,8 @@ def run(settings: Settings) -> None:
     engine.start()
     publisher = TokenPublisher(redis, engine, settings.transient_ttl_s)
     publisher.start()
+    metrics.watch_engine(lambda: publisher.active_count, settings.max_batch)
+    serve_worker_metrics(settings)
     worker_id = new_worker_id("gpu")
     heartbeat = Heartbeat(
         redis,
@@ -87,6 +94,7 @@ def run(settings: Settings) -> None:
     try:
         app.worker_main(
             [
+                *(["--quiet"] if settings.log_format == "json" else []),  # the banner is not JSON
                 "worker",
                 f"--queues={keys.GENERATE_QUEUE}",
                 "--pool=solo",

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from redis import Redis
 from transformers.generation.continuous_batching.requests import GenerationOutput, RequestStatus
 
+from gpu_worker import metrics
 from gpu_worker.engine import Engine
 from resq import keys
+from resq.logs import about
 from resq.wire import FinishEntry, FinishReason, StartEntry, TokensEntry, encode_entry
 
 log = logging.getLogger(__name__)
@@ -117,6 +119,7 @@ class TokenPublisher:
             return
         pipe = self._redis.pipeline(transaction=False)
         ended: list[str] = []
+        published = 0
         for response_id, output in latest.items():
             tracked = self._tracked.get(response_id)
             if tracked is None:  # cancelled meanwhile; its end is already published
@@ -125,13 +128,22 @@ class TokenPublisher:
             if new_tokens:
                 pipe.xadd(keys.tokens(response_id), encode_entry(TokensEntry(list(new_tokens))))
                 tracked.published += len(new_tokens)
+                published += len(new_tokens)
             if output.is_finished():
-                pipe.xadd(keys.tokens(response_id), encode_entry(self._finish_entry(output, tracked)))
+                finish = self._finish_entry(output, tracked)
+                pipe.xadd(keys.tokens(response_id), encode_entry(finish))
                 ended.append(response_id)
+                log.info(
+                    "generation ended: %s, %d tokens",
+                    finish.finish_reason,
+                    finish.output_tokens,
+                    extra=about(response_id),
+                )
         checked = [response_id for response_id in active if response_id not in ended]
         for response_id in checked:
             pipe.exists(keys.cancel(response_id))
         results = pipe.execute()
+        metrics.note_published(published)
         for response_id in ended:
             self._end(response_id)
         cancelled = [
@@ -163,7 +175,7 @@ class TokenPublisher:
             self._engine.cancel(response_id)
             entry = FinishEntry("cancelled", tracked.prompt_tokens, tracked.published)
             pipe.xadd(keys.tokens(response_id), encode_entry(entry))
-            log.info("cancelled %s after %d tokens", response_id, tracked.published)
+            log.info("cancelled %s after %d tokens", response_id, tracked.published, extra=about(response_id))
         pipe.execute()
         for response_id in response_ids:
             self._end(response_id)

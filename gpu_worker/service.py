@@ -6,6 +6,7 @@ import logging
 
 from redis import Redis
 
+from gpu_worker import metrics
 from gpu_worker.engine import Engine, EngineStoppedError
 from gpu_worker.publisher import TokenPublisher
 from resq import keys
@@ -41,6 +42,8 @@ class GenerationService:
             self._publisher.finish_unstarted(job.response_id, prompt_tokens, "cancelled", None)
             return
         self._publisher.start_request(job.response_id, prompt_tokens)
+        metrics.PROMPT_TOKENS.inc(prompt_tokens)
+        log.info("generation started: %d prompt tokens, at most %d new", prompt_tokens, job.max_output_tokens)
         try:
             self._engine.add(job)
         except (EngineStoppedError, ValueError, TypeError) as exc:

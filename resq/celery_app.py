@@ -35,7 +35,8 @@ def make_celery(settings: Settings) -> Celery:
         worker_redirect_stdouts=False,
         broker_connection_retry_on_startup=True,
         broker_transport_options={"socket_keepalive": True, "health_check_interval": 30},
-        worker_send_task_events=False,
-        task_send_sent_event=False,
+        # Task events feed Flower; they cost a Redis publish per task state, so they are opt-in.
+        worker_send_task_events=settings.celery_events,
+        task_send_sent_event=settings.celery_events,
     )
     return app

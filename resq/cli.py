@@ -1,6 +1,8 @@
 """The ``resq`` command: ``up`` for a laptop, one sub-command per role for compose and scale-out.
 
 Settings come from ``RESQ_*`` environment variables; the flags below override them.
+Each command sets up logging before it imports its role: libraries (transformers,
+the HF hub) read their progress-bar switches at import, and JSON logs turn those off.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any, TypeVar
 
 import click
 
+from resq.healthcheck import ROLES
 from resq.logs import configure_logging
 from resq.settings import Settings, load_settings
 
@@ -36,6 +39,8 @@ def _common_options(function: F) -> F:
         click.option(
             "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), help="RESQ_LOG_LEVEL."
         ),
+        click.option("--log-format", type=click.Choice(["text", "json"]), help="RESQ_LOG_FORMAT."),
+        click.option("--metrics-port", type=int, help="A worker's Prometheus port (RESQ_METRICS_PORT)."),
     ]
     for option in reversed(options):
         function = option(function)
@@ -56,10 +61,10 @@ def main() -> None:
 @_common_options
 def up(**flags: Any) -> None:
     """Run everything: Redis (embedded if none answers), a GPU worker, post-process workers, the API."""
+    settings = _settings(flags)
+    configure_logging(settings.log_level, "up", settings.log_format)
     from resq.supervisor import Supervisor
 
-    settings = _settings(flags)
-    configure_logging(settings.log_level, "up")
     sys.exit(Supervisor(settings).run())
 
 
@@ -67,12 +72,12 @@ def up(**flags: Any) -> None:
 @_common_options
 def api(**flags: Any) -> None:
     """Run the API (uvicorn)."""
+    settings = _settings(flags)
+    configure_logging(settings.log_level, "api", settings.log_format)
     import uvicorn
 
     from api.main import create_app
 
-    settings = _settings(flags)
-    configure_logging(settings.log_level, "api")
     uvicorn.run(
         create_app(settings),
         host=settings.host,
@@ -88,10 +93,10 @@ def api(**flags: Any) -> None:
 @_common_options
 def gpu_worker(**flags: Any) -> None:
     """Run one GPU worker (queue `generate`)."""
+    settings = _settings(flags)
+    configure_logging(settings.log_level, "gpu-worker", settings.log_format)
     from gpu_worker.main import run
 
-    settings = _settings(flags)
-    configure_logging(settings.log_level, "gpu-worker")
     run(settings)
 
 
@@ -99,8 +104,21 @@ def gpu_worker(**flags: Any) -> None:
 @_common_options
 def postprocess_worker(**flags: Any) -> None:
     """Run one post-process worker (queue `postprocess`)."""
+    settings = _settings(flags)
+    configure_logging(settings.log_level, "postprocess", settings.log_format)
     from workers.main import run
 
-    settings = _settings(flags)
-    configure_logging(settings.log_level, "postprocess")
     run(settings)
+
+
+@main.command()
+@click.argument("role", type=click.Choice(ROLES))
+@click.option("--redis-url", help="Redis URL (RESQ_REDIS_URL).")
+@click.option("--port", type=int, help="API port (RESQ_PORT).")
+def healthcheck(role: str, **flags: Any) -> None:
+    """Exit 0 when ROLE, as run in this container (host), works; print why not otherwise."""
+    from resq.healthcheck import check
+
+    health = check(role, _settings(flags))
+    click.echo(("healthy: " if health.healthy else "unhealthy: ") + health.detail)
+    sys.exit(0 if health.healthy else 1)

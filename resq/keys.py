@@ -92,3 +92,8 @@ def sequence_number_of(entry_id: bytes | str) -> int:
     """The ``sequence_number`` of an event-log entry id."""
     text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
     return int(text.split("-", 1)[1]) - 1
+
+
+def celery_queue(queue: str) -> str:
+    """List: messages waiting in a Celery queue (kombu's Redis transport names it after the queue)."""
+    return queue

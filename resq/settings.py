@@ -24,7 +24,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RESQ_", extra="ignore", validate_default=True)
 
     # --- network -------------------------------------------------------------------------------
-    host: str = Field("127.0.0.1", description="Interface the API listens on.")
+    host: str = Field("127.0.0.1", description="Interface the API (and a worker's metrics port) listens on.")
     port: int = Field(8000, ge=1, le=65535, description="Port the API listens on.")
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0",
@@ -99,8 +99,24 @@ class Settings(BaseSettings):
         10.0, gt=0, description="A worker whose last heartbeat is older than this counts as gone."
     )
 
-    # --- logs ----------------------------------------------------------------------------------
+    # --- operations ----------------------------------------------------------------------------
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="`text` for people; `json`: one JSON object a line, with `response_id` on lines about a response.",
+    )
+    metrics_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description=(
+            "Port on which a worker process serves Prometheus metrics; unset: none. The API serves "
+            "`/metrics` on RESQ_PORT. `resq up` gives each worker its own port from this one up."
+        ),
+    )
+    celery_events: bool = Field(
+        False, description="Send Celery task events (what Flower shows); off, they cost Redis traffic."
+    )
 
     @property
     def served_model_name(self) -> str:

@@ -49,9 +49,9 @@ class Supervisor:
         signal.signal(signal.SIGINT, self._on_signal)
         try:
             self._ensure_redis()
-            self._spawn("gpu-worker")
+            self._spawn("gpu-worker", metrics_offset=0)
             for index in range(self.settings.postprocess_workers):
-                self._spawn("postprocess-worker", suffix=str(index + 1))
+                self._spawn("postprocess-worker", suffix=str(index + 1), metrics_offset=index + 1)
             self._spawn("api")
             self._wait_until_ready()
             return self._watch()
@@ -76,8 +76,11 @@ class Supervisor:
         self.settings = self.settings.model_copy(update={"redis_url": self.embedded_redis.url})
         log.info("embedded Redis ready at %s", self.embedded_redis.url)
 
-    def _spawn(self, role: str, suffix: str = "") -> None:
+    def _spawn(self, role: str, suffix: str = "", metrics_offset: int | None = None) -> None:
         env = {**os.environ, **self.settings.to_env()}
+        if self.settings.metrics_port is not None and metrics_offset is not None:
+            # Workers share this host: each serves its metrics on a port of its own.
+            env["RESQ_METRICS_PORT"] = str(self.settings.metrics_port + metrics_offset)
         process = subprocess.Popen([sys.executable, "-m", "resq", role], env=env)
         name = f"{role}{'-' + suffix if suffix else ''}"
         self.children.append(_Child(name, process))

@@ -17,7 +17,8 @@ from resq import keys
 from resq.catalog import ModelCatalog
 from resq.celery_app import make_celery
 from resq.heartbeat import Heartbeat, new_worker_id
-from resq.postprocess.runner import run_postprocess
+from resq.metrics import serve_worker_metrics
+from resq.postprocess.observed import postprocess_response
 from resq.redis_client import sync_redis
 from resq.settings import Settings
 
@@ -31,7 +32,7 @@ def register_postprocess_task(app: Celery, settings: Settings) -> None:
 
     @app.task(name=keys.POSTPROCESS_TASK, ignore_result=True)  # type: ignore[untyped-decorator]
     def postprocess(response_id: str) -> str:
-        return run_postprocess(redis, catalog, settings, response_id)
+        return postprocess_response(redis, catalog, settings, response_id)
 
 
 def run(settings: Settings) -> None:
@@ -49,11 +50,13 @@ def run(settings: Settings) -> None:
     )
     app = make_celery(settings)
     register_postprocess_task(app, settings)
+    serve_worker_metrics(settings)
     heartbeat.start()
     log.info("post-process worker %s consuming queue %r", worker_id, keys.POSTPROCESS_QUEUE)
     try:
         app.worker_main(
             [
+                *(["--quiet"] if settings.log_format == "json" else []),  # the banner is not JSON
                 "worker",
                 f"--queues={keys.POSTPROCESS_QUEUE}",
                 "--pool=threads",

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from sse_starlette import EventSourceResponse
 from starlette.responses import Response
 
+from api import metrics
 from api.deps import StateDep
 from api.errors import OpenAIError
 from api.http import json_response, raw_json_response
@@ -43,7 +44,9 @@ async def _forget_unstored(state: AppState, response_id: str) -> None:
 async def _stream_new_response(state: AppState, accepted: Accepted) -> AsyncIterator[bytes]:
     finished = False
     try:
-        async for event_type, data in follow_events(state.redis, accepted.response_id):
+        async for event_type, data in metrics.measured_stream(
+            follow_events(state.redis, accepted.response_id)
+        ):
             yield sse_frame(event_type, data)
         finished = True
     finally:
@@ -90,6 +93,7 @@ async def _wait_for_final(state: AppState, accepted: Accepted, request: Request)
         group.start_soon(watch_client)
     if not result or result[0] is None:
         raise OpenAIError(500, "The response vanished before it completed.", type="server_error")
+    metrics.record_delivered_json(result[0])
     if not accepted.store:
         await _forget_unstored(state, response_id)
     return raw_json_response(result[0])

@@ -20,6 +20,7 @@ from resq.catalog import ModelCatalog
 from resq.events import types
 from resq.events.emitter import EncodedEvent, EventEmitter
 from resq.options import ProcessingOptions
+from resq.postprocess import metrics
 from resq.postprocess.processor import Finished, ResponseProcessor
 from resq.records import FINALIZE_LUA, MARK_IN_PROGRESS_LUA
 from resq.redis_types import range_entries, stream_entries
@@ -58,6 +59,7 @@ class EventLogWriter:
                 # already logged this event. Exactly-once holds; nothing to do.
                 log.warning("event already logged for %s: %s", self._key, result)
         self._skip_below = fresh[-1].sequence_number + 1
+        metrics.note_events_logged(len(fresh))
 
 
 def _logged_state(redis: Redis, response_id: str) -> tuple[int, bool]:
@@ -152,6 +154,7 @@ def run_postprocess(redis: Redis, catalog: ModelCatalog, settings: Settings, res
             if isinstance(entry, FinishEntry):
                 break
         writer.append(events)
+        metrics.note_batch_logged(entries[0][0])
         if processor.finish is not None:
             return _complete(redis, response_id, processor, writer, ttl_s)
 

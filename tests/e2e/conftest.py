@@ -70,6 +70,8 @@ def base_env(redis_url: str, fixture_model_dir: Path) -> dict[str, str]:
         "RESQ_MODEL": str(fixture_model_dir),
         "RESQ_MODEL_NAME": MODEL,
         "RESQ_LOG_LEVEL": "info",
+        # What compose runs; tests/e2e/test_operations.py checks every line parses.
+        "RESQ_LOG_FORMAT": "json",
         "RESQ_HEARTBEAT_S": "0.5",
         "RESQ_WORKER_TTL_S": "5",
         "RESQ_MAX_BATCH": "32",

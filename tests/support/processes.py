@@ -6,6 +6,7 @@ a file (printed when a start fails), and is stopped with SIGTERM, then SIGKILL.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -30,6 +31,22 @@ def free_port() -> int:
         return port
 
 
+WORKER_ROLES = ("gpu-worker", "postprocess-worker")
+
+
+def readable_log_line(line: str) -> str:
+    """A JSON log line (RESQ_LOG_FORMAT=json) as people read it; other lines unchanged."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return line
+    if not isinstance(record, dict) or "message" not in record:
+        return line
+    about = f" [{record['response_id']}]" if record.get("response_id") else ""
+    text = f"{record.get('time', '')} {record.get('level', '')} {record.get('logger', '')}{about}: {record['message']}"
+    return f"{text}\n{record['exc_info']}" if record.get("exc_info") else text
+
+
 @dataclass
 class RoleProcess:
     """One running role and its log file."""
@@ -37,13 +54,16 @@ class RoleProcess:
     name: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    metrics_port: int | None = None
+    """Where a worker serves its Prometheus metrics (the API serves them on its own port)."""
 
     def log_tail(self, lines: int = 60) -> str:
         """The end of the role's log."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            tail = self.log_path.read_text(errors="replace").splitlines()[-lines:]
         except OSError:
             return "(no log)"
+        return "\n".join(readable_log_line(line) for line in tail)
 
     def alive(self) -> bool:
         """Whether it still runs."""
@@ -77,12 +97,16 @@ class ProcessGroup:
     def start(self, role: str, name: str, **env: str) -> RoleProcess:
         """Start ``python -m resq <role>`` with extra ``RESQ_*`` variables."""
         log_path = self.log_dir / f"{name}.log"
+        metrics_port = None
+        if role in WORKER_ROLES and "RESQ_METRICS_PORT" not in env:
+            metrics_port = free_port()
+            env = {**env, "RESQ_METRICS_PORT": str(metrics_port)}
         full_env = {**os.environ, **self.base_env, **env, "PYTHONUNBUFFERED": "1"}
         with open(log_path, "ab") as log_file:
             process = subprocess.Popen(
                 [sys.executable, "-m", "resq", role], env=full_env, stdout=log_file, stderr=subprocess.STDOUT
             )
-        started = RoleProcess(name, process, log_path)
+        started = RoleProcess(name, process, log_path, metrics_port)
         self.processes.append(started)
         return started
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-from resq.settings_doc import BEGIN_MARKER, END_MARKER, replace_table
+import pytest
+
+from resq.settings_doc import BEGIN_MARKER, END_MARKER, REGIONS, regenerate, replace_table
 
 ROOT = Path(__file__).resolve().parents[2]
+GENERATED = ("README.md", ".env.example", "docker-compose.yml", "deploy/compose.gpu-host.yml")
 
 
 def test_readme_settings_table_is_current() -> None:
@@ -15,6 +19,39 @@ def test_readme_settings_table_is_current() -> None:
     assert replace_table(readme) == readme, "stale: run python -m resq.settings_doc --write README.md"
 
 
+@pytest.mark.parametrize("name", GENERATED)
+def test_generated_settings_regions_are_current(name: str) -> None:
+    text = (ROOT / name).read_text()
+    assert any(region.begin in text for region in REGIONS), f"{name} has no generated region"
+    assert regenerate(text) == text, f"{name} is stale: run `make docs`"
+
+
 def test_readme_shows_the_two_commands() -> None:
     readme = (ROOT / "README.md").read_text()
     assert "make run" in readme and "make test" in readme
+
+
+def registered_metrics() -> set[str]:
+    """Every resq metric the roles define (importing a role's metrics module registers them)."""
+    from prometheus_client import REGISTRY
+
+    import api.metrics
+    import gpu_worker.metrics
+    import resq.postprocess.metrics
+
+    assert api.metrics.REQUESTS and gpu_worker.metrics.GENERATED_TOKENS and resq.postprocess.metrics.LAG
+    return {family.name for family in REGISTRY.collect() if family.name.startswith("resq_")}
+
+
+def test_the_operations_guide_lists_exactly_the_metrics_there_are() -> None:
+    guide = (ROOT / "docs" / "operations.md").read_text()
+    documented = set(re.findall(r"^\| `(resq_[a-z_]+)`", guide, flags=re.MULTILINE))
+    # prometheus-client names a counter's family without its `_total` sample suffix.
+    documented = {name.removesuffix("_total") for name in documented}
+    assert documented == registered_metrics()
+
+
+@pytest.mark.parametrize("page", ["architecture.md", "scaling.md", "operations.md"])
+def test_docs_pages_exist_and_the_readme_links_them(page: str) -> None:
+    assert (ROOT / "docs" / page).is_file()
+    assert f"docs/{page}" in (ROOT / "README.md").read_text()
