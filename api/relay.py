@@ -72,9 +72,8 @@ async def _log_ended(redis: Redis, response_id: str, read_up_to: bytes | str) ->
     if not entries:
         return False
     entry_id, fields = entries[0]
-    return fields.get(b"type") in types.TERMINAL_TYPES_BYTES and keys.sequence_number_of(
-        entry_id
-    ) <= keys.sequence_number_of(read_up_to)
+    terminal = fields.get(b"type") in types.TERMINAL_TYPES_BYTES
+    return terminal and keys.sequence_number_of(entry_id) <= keys.sequence_number_of(read_up_to)
 
 
 async def last_sequence_number(redis: Redis, response_id: str) -> int | None:
