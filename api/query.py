@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from api.errors import invalid_value
 
+# Event-log entry ids are `0-<n + 1>` with 64-bit parts: a larger position cannot exist.
+MAX_POSITION = 2**63 - 2
 _TRUE = frozenset({"true", "1"})
 _FALSE = frozenset({"false", "0"})
 
@@ -27,7 +29,7 @@ def boolean(value: str | None, param: str) -> bool:
 
 
 def non_negative_int(value: str | None, param: str) -> int | None:
-    """A non-negative integer parameter; absent is None."""
+    """A non-negative integer parameter (at most :data:`MAX_POSITION`); absent is None."""
     if value is None:
         return None
     try:
@@ -36,6 +38,8 @@ def non_negative_int(value: str | None, param: str) -> int | None:
         raise invalid_value(
             f"Invalid type for '{param}': {value!r} is not an integer.", param, "invalid_type"
         ) from None
-    if number < 0:
-        raise invalid_value(f"Invalid value for '{param}': {number}. It must be 0 or more.", param)
+    if not 0 <= number <= MAX_POSITION:
+        raise invalid_value(
+            f"Invalid value for '{param}': {number}. It must be between 0 and {MAX_POSITION}.", param
+        )
     return number

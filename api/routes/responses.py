@@ -11,7 +11,7 @@ from starlette.responses import Response
 
 from api import metrics
 from api.deps import CallerDep, StateDep
-from api.errors import OpenAIError
+from api.errors import OpenAIError, response_not_found
 from api.http import json_response, raw_json_response
 from api.relay import event_stream_response, follow_events, sse_frame, wait_for_terminal
 from api.schemas import CreateResponseRequest
@@ -86,8 +86,11 @@ async def _wait_for_final(state: AppState, accepted: Accepted, request: Request)
 
         group.start_soon(wait)
         group.start_soon(watch_client)
-    if not result or result[0] is None:
-        raise OpenAIError(500, "The response vanished before it completed.", type="server_error")
+    if not result:  # the client left: nobody reads this answer
+        raise OpenAIError(500, "The client left before the response completed.", type="server_error")
+    if result[0] is None:
+        # Deleted (or expired) while generating: a 5xx would make the SDK retry, creating it again.
+        raise response_not_found(response_id)
     metrics.record_delivered_json(result[0])
     if not accepted.store:
         await _forget_unstored(state, response_id)

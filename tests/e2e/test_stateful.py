@@ -634,6 +634,52 @@ def test_deleting_a_running_response_stops_it(
     assert redis_client.ttl(flag % target) > 0
 
 
+def _generating(redis_client: redis.Redis, marker: str) -> str | None:
+    """The id of the response whose metadata carries ``marker``, once it streams deltas."""
+    for key in redis_client.scan_iter(match="resq:{resp_*}:response"):
+        created = redis_client.hget(key, "created")
+        if created is not None and marker.encode() in created:
+            response_id = key.decode().split("{", 1)[1].split("}", 1)[0]
+            deltas = redis_client.xrange(f"resq:{{{response_id}}}:events", "0-4", "+", count=1)
+            return response_id if deltas else None
+    return None
+
+
+def test_a_waiting_client_of_a_deleted_response_gets_404(
+    stack: Stack, client: OpenAI, redis_client: redis.Redis
+) -> None:
+    for attempt in range(ATTEMPTS):
+        outcome: list[BaseException | str] = []
+        marker = f"waiting-{stack.postprocess_workers}-{attempt}-{time.time_ns()}"
+
+        def wait_for_answer() -> None:
+            try:
+                answer = client.responses.create(
+                    model=MODEL,
+                    input="Repeat forever.",
+                    temperature=0,
+                    max_output_tokens=ENDLESS_LIMIT,
+                    metadata={"marker": marker},  # noqa: B023
+                )
+                outcome.append(answer.status)  # noqa: B023
+            except BaseException as exc:
+                outcome.append(exc)  # noqa: B023
+
+        waiting = threading.Thread(target=wait_for_answer)
+        waiting.start()
+        response_id = wait_for(lambda: _generating(redis_client, marker), "the request to generate")  # noqa: B023
+        httpx.delete(f"{stack.base_url}/v1/responses/{response_id}", timeout=30)
+        waiting.join(timeout=WAIT_S)
+        if not isinstance(outcome[0], str):
+            break
+        # It had finished before the delete (a stalled machine): again.
+        assert outcome[0] == "incomplete"
+    else:
+        pytest.fail(f"no delete reached a running response in {ATTEMPTS} attempts")
+    # Not a 5xx, which the SDK would retry by creating the response again.
+    assert isinstance(outcome[0], NotFoundError), outcome[0]
+
+
 # --- input items --------------------------------------------------------------------------------------
 
 

@@ -13,7 +13,7 @@ import redis
 
 from api.caller import ANONYMOUS, Caller
 from api.errors import OpenAIError
-from api.query import boolean, non_negative_int
+from api.query import MAX_POSITION, boolean, non_negative_int
 from api.relay import follow_events
 from api.store import ResponseStore, StoredResponse, check_response_id
 from resq import ids, jsonutil, keys
@@ -158,7 +158,8 @@ def test_boolean_and_integer_query_values() -> None:
     for bad in ("yes", ""):
         with pytest.raises(OpenAIError):
             boolean(bad, "stream")
-    for bad in ("-1", "1.5", "x"):
+    assert non_negative_int(str(MAX_POSITION), "starting_after") == MAX_POSITION
+    for bad in ("-1", "1.5", "x", str(MAX_POSITION + 1), "9" * 40):
         with pytest.raises(OpenAIError) as caught:
             non_negative_int(bad, "starting_after")
         assert caught.value.param == "starting_after"
