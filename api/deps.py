@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from api.caller import ANONYMOUS, Caller
 from api.state import AppState
 
 
@@ -15,4 +16,10 @@ def get_state(request: Request) -> AppState:
     return state
 
 
+def get_caller(request: Request) -> Caller:
+    """The identity of the request's sender (anonymous until authentication exists)."""
+    return ANONYMOUS
+
+
 StateDep = Annotated[AppState, Depends(get_state)]
+CallerDep = Annotated[Caller, Depends(get_caller)]

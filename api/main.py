@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from api.errors import install_error_handlers
 from api.log_context import ResponseLogContext
 from api.metrics import HTTPMetricsMiddleware
-from api.routes import health, metrics, models, responses
+from api.routes import health, metrics, models, responses, stored
 from api.state import AppState
 from resq import __version__
 from resq.settings import Settings, get_settings
@@ -32,6 +32,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="resq", version=__version__, lifespan=lifespan)
     install_error_handlers(app)
     app.include_router(responses.router)
+    app.include_router(stored.router)
     app.include_router(models.router)
     app.include_router(health.router)
     app.include_router(metrics.router)

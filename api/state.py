@@ -11,6 +11,7 @@ from celery import Celery
 from redis.asyncio import Redis as AsyncRedis
 
 from api.inline import InlinePostprocessor
+from api.store import ResponseStore
 from resq import keys
 from resq.catalog import AsyncModelCatalog
 from resq.celery_app import make_celery
@@ -25,6 +26,7 @@ class AppState:
     settings: Settings
     redis: AsyncRedis
     catalog: AsyncModelCatalog
+    store: ResponseStore
     celery: Celery
     inline: InlinePostprocessor | None
     # Celery's publisher is blocking: it runs on a few threads, off the event loop.
@@ -40,6 +42,7 @@ class AppState:
             settings=settings,
             redis=redis,
             catalog=AsyncModelCatalog(redis),
+            store=ResponseStore(redis, settings.transient_ttl_s),
             celery=make_celery(settings),
             inline=InlinePostprocessor(settings) if settings.postprocess_workers == 0 else None,
         )

@@ -7,13 +7,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from api.caller import Caller
 from api.errors import OpenAIError, invalid_value
+from api.input_items import normalise_input
 from api.schemas import CreateResponseRequest
 from api.state import AppState
 from resq import ids, jsonutil, keys
 from resq.catalog import TextTokenizer
 from resq.chat_template import ChatTemplateError
-from resq.conversation import input_to_items, items_to_messages
+from resq.conversation import continue_conversation, input_to_items, items_to_messages
 from resq.events import builders as build
 from resq.events import types
 from resq.events.emitter import EncodedEvent, EventEmitter
@@ -136,7 +138,7 @@ def generation_limit(
     return min(wanted, room)
 
 
-async def accept(state: AppState, request: CreateResponseRequest) -> Accepted:
+async def accept(state: AppState, request: CreateResponseRequest, caller: Caller) -> Accepted:
     """Validate what pydantic cannot, record the response, log its first events, and enqueue it."""
     settings = state.settings
     background = bool(request.background)
@@ -152,15 +154,22 @@ async def accept(state: AppState, request: CreateResponseRequest) -> Accepted:
             param="model",
             code="model_not_found",
         )
-    items = input_to_items(
+    new_items = input_to_items(
         [item.model_dump(exclude_none=True) for item in request.input]
         if isinstance(request.input, list)
         else request.input
     )
-    if not items:
+    if not new_items:
         raise invalid_value("Missing required parameter: 'input'.", "input", "missing_required_parameter")
+    response_id = ids.new_response_id()
+    bind_response_id(response_id)
+    own_items = normalise_input(new_items, response_id)
+    conversation = own_items
+    if request.previous_response_id is not None:
+        earlier = await state.store.earlier_conversation(request.previous_response_id, caller)
+        conversation = continue_conversation(earlier.conversation, earlier.output, own_items)
     try:
-        messages = items_to_messages(items, request.instructions)
+        messages = items_to_messages(conversation, request.instructions)
     except ValueError as exc:
         raise invalid_value(str(exc), "input") from exc
     tools = _tool_schemas(request)
@@ -169,8 +178,6 @@ async def accept(state: AppState, request: CreateResponseRequest) -> Accepted:
         request, len(prompt_ids), tokenizer.card.context_length, settings.default_max_output_tokens
     )
 
-    response_id = ids.new_response_id()
-    bind_response_id(response_id)
     model = tokenizer.card.name
     created = initial_response(request, response_id, model, background, store)
     emitter = EventEmitter(0)
@@ -184,13 +191,9 @@ async def accept(state: AppState, request: CreateResponseRequest) -> Accepted:
         first_sequence_number=len(logged),
         tools_enabled=tools is not None,
     )
-    input_record = {
-        "items": [
-            {**item, "id": item.get("id") or ids.input_item_id(response_id, index)}
-            for index, item in enumerate(items)
-        ],
-        "messages": messages,
-    }
+    # The conversation is stored whole (not as a link to the earlier response), so a
+    # continuation keeps working when an earlier response expires or is deleted.
+    input_record = {"items": own_items, "conversation": conversation}
 
     created_json = jsonutil.dumps(created)
     ttl = settings.transient_ttl_s
@@ -204,7 +207,7 @@ async def accept(state: AppState, request: CreateResponseRequest) -> Accepted:
             "options": options.model_dump_json(),
             "store": "1" if store else "0",
             "background": "1" if background else "0",
-            "owner": "",
+            "owner": caller.owner,
         },
     )
     pipe.expire(keys.record(response_id), ttl)

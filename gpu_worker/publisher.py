@@ -125,13 +125,17 @@ class TokenPublisher:
             if tracked is None:  # cancelled meanwhile; its end is already published
                 continue
             new_tokens = output.generated_tokens[tracked.published :]
+            # NOMKSTREAM: a response deleted mid-generation must not get its stream back
+            # (without a TTL); its start entry created the stream, nothing else may.
             if new_tokens:
-                pipe.xadd(keys.tokens(response_id), encode_entry(TokensEntry(list(new_tokens))))
+                pipe.xadd(
+                    keys.tokens(response_id), encode_entry(TokensEntry(list(new_tokens))), nomkstream=True
+                )
                 tracked.published += len(new_tokens)
                 published += len(new_tokens)
             if output.is_finished():
                 finish = self._finish_entry(output, tracked)
-                pipe.xadd(keys.tokens(response_id), encode_entry(finish))
+                pipe.xadd(keys.tokens(response_id), encode_entry(finish), nomkstream=True)
                 ended.append(response_id)
                 log.info(
                     "generation ended: %s, %d tokens",
@@ -174,7 +178,7 @@ class TokenPublisher:
                 continue
             self._engine.cancel(response_id)
             entry = FinishEntry("cancelled", tracked.prompt_tokens, tracked.published)
-            pipe.xadd(keys.tokens(response_id), encode_entry(entry))
+            pipe.xadd(keys.tokens(response_id), encode_entry(entry), nomkstream=True)
             log.info("cancelled %s after %d tokens", response_id, tracked.published, extra=about(response_id))
         pipe.execute()
         for response_id in response_ids:
@@ -188,6 +192,7 @@ class TokenPublisher:
             pipe.xadd(
                 keys.tokens(response_id),
                 encode_entry(FinishEntry("error", state.prompt_tokens, state.published, message)),
+                nomkstream=True,
             )
         pipe.execute()
         for response_id in tracked:

@@ -91,6 +91,19 @@ def items_to_messages(items: list[Item], instructions: str | None = None) -> lis
     return messages
 
 
+def continue_conversation(
+    previous_conversation: list[Item], previous_output: list[Item], new_items: list[Item]
+) -> list[Item]:
+    """The items of a conversation continued from an earlier response (``previous_response_id``).
+
+    The earlier response's own conversation (its input after everything before
+    it), then its output items, then the new input: exactly what a client would
+    send to replay the whole history by hand. Instructions are not items: the new
+    request's ``instructions`` replace the earlier ones, as OpenAI documents.
+    """
+    return [*previous_conversation, *previous_output, *new_items]
+
+
 def input_to_items(value: str | list[Item] | None) -> list[Item]:
     """The request's ``input`` as a list of items (a string is one user message)."""
     if value is None:

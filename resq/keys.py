@@ -63,7 +63,9 @@ def record(response_id: str) -> str:
 
 
 def input_items(response_id: str) -> str:
-    """String: JSON input items and the conversation needed to continue the response."""
+    """String: JSON ``{"items", "conversation"}``: the response's own input items (with ids, as
+    ``input_items`` lists them) and every item it was generated from, which a request
+    continuing from it (``previous_response_id``) extends with the response's output."""
     return _response(response_id, "input")
 
 

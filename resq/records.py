@@ -72,3 +72,26 @@ if status == 'queued' or status == 'in_progress' then
 end
 return status
 """
+
+DELETE_LUA: Final = """
+-- KEYS[1] record, KEYS[2] cancel flag, KEYS[3..] every other key of the response
+-- ARGV[1] cancel flag TTL
+-- Removes the response in one step. A generation not finished yet gets the cancel
+-- flag (the one key left, expiring on its own) so that the GPU worker stops it; a
+-- finished one loses every key. Returns the status it had, false when missing.
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then
+  return false
+end
+local final = redis.call('HGET', KEYS[1], 'final')
+for index = 3, #KEYS do
+  redis.call('DEL', KEYS[index])
+end
+redis.call('DEL', KEYS[1])
+if final == '1' then
+  redis.call('DEL', KEYS[2])
+else
+  redis.call('SET', KEYS[2], '1', 'EX', tonumber(ARGV[1]))
+end
+return status
+"""

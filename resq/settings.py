@@ -92,6 +92,14 @@ class Settings(BaseSettings):
         3600, ge=60, description="TTL of the keys of a response in flight, and of `store=false` responses."
     )
     store_ttl_s: int = Field(30 * 86400, ge=60, description="TTL of stored responses (`store=true`).")
+    cancel_wait_s: float = Field(
+        10.0,
+        ge=0,
+        description=(
+            "How long `POST /v1/responses/{id}/cancel` waits for the final cancelled Response "
+            "before answering with the current snapshot (status `cancelled`)."
+        ),
+    )
 
     # --- liveness ------------------------------------------------------------------------------
     heartbeat_s: float = Field(2.0, gt=0, description="Seconds between worker heartbeats.")

@@ -7,14 +7,13 @@ from collections.abc import AsyncIterator
 
 import anyio
 from fastapi import APIRouter, Request
-from sse_starlette import EventSourceResponse
 from starlette.responses import Response
 
 from api import metrics
-from api.deps import StateDep
-from api.errors import OpenAIError
+from api.deps import CallerDep, StateDep
+from api.errors import OpenAIError, response_not_found
 from api.http import json_response, raw_json_response
-from api.relay import follow_events, sse_frame, wait_for_terminal
+from api.relay import event_stream_response, follow_events, sse_frame, wait_for_terminal
 from api.schemas import CreateResponseRequest
 from api.state import AppState
 from api.submission import Accepted, accept
@@ -24,7 +23,6 @@ log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1")
 
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 CLEANUP_TIMEOUT_S = 5.0
 
 
@@ -57,16 +55,13 @@ async def _stream_new_response(state: AppState, accepted: Accepted) -> AsyncIter
 
 
 @router.post("/responses", response_model=None)
-async def create_response(body: CreateResponseRequest, state: StateDep, request: Request) -> Response:
+async def create_response(
+    body: CreateResponseRequest, state: StateDep, caller: CallerDep, request: Request
+) -> Response:
     """Create a response; ``stream`` picks SSE or one JSON body, ``background`` returns at once."""
-    accepted = await accept(state, body)
+    accepted = await accept(state, body, caller)
     if body.stream:
-        return EventSourceResponse(
-            _stream_new_response(state, accepted),
-            ping=state.settings.sse_ping_s,
-            sep="\n",
-            headers=SSE_HEADERS,
-        )
+        return event_stream_response(_stream_new_response(state, accepted), state.settings.sse_ping_s)
     if accepted.background:
         return json_response(accepted.created)
     return await _wait_for_final(state, accepted, request)
@@ -91,8 +86,11 @@ async def _wait_for_final(state: AppState, accepted: Accepted, request: Request)
 
         group.start_soon(wait)
         group.start_soon(watch_client)
-    if not result or result[0] is None:
-        raise OpenAIError(500, "The response vanished before it completed.", type="server_error")
+    if not result:  # the client left: nobody reads this answer
+        raise OpenAIError(500, "The client left before the response completed.", type="server_error")
+    if result[0] is None:
+        # Deleted (or expired) while generating: a 5xx would make the SDK retry, creating it again.
+        raise response_not_found(response_id)
     metrics.record_delivered_json(result[0])
     if not accepted.store:
         await _forget_unstored(state, response_id)

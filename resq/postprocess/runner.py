@@ -48,10 +48,13 @@ class EventLogWriter:
             return
         pipe = self._redis.pipeline(transaction=False)
         for event in fresh:
+            # NOMKSTREAM: the API creates the log with `response.created`; a log that is
+            # missing was deleted (DELETE) and must not come back without a TTL.
             pipe.xadd(
                 self._key,
                 {"type": event.type, "data": event.data},
                 id=keys.event_entry_id(event.sequence_number),
+                nomkstream=True,
             )
         for result in pipe.execute(raise_on_error=False):
             if isinstance(result, ResponseError):

@@ -1,0 +1,144 @@
+"""Input items as ``GET /v1/responses/{id}/input_items`` lists them: their stored shape and paging.
+
+Pure functions. Items are normalised when a response is accepted, so that the
+list endpoint returns stored JSON as it is and every item already has the shape
+of the SDK's ``ResponseItem`` union: an id, a ``type``, message content as a
+list of parts (``input_text`` for user, system and developer messages,
+``output_text`` with ``annotations`` for assistant ones) and a ``status``.
+The text the chat template sees is unchanged by normalising (a unit test checks
+``items_to_messages`` gives the same messages either way).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from resq import ids
+
+Item = dict[str, Any]
+Order = Literal["asc", "desc"]
+
+DEFAULT_LIMIT = 20
+MAX_LIMIT = 100
+DEFAULT_ORDER: Order = "desc"
+
+
+class PageParameterError(ValueError):
+    """A paging query parameter has a bad value; ``param`` names it."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def _text_parts(content: Any, assistant: bool) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        content = [{"type": "input_text", "text": content}]
+    parts: list[dict[str, Any]] = []
+    for part in content or []:
+        kind = part.get("type")
+        if kind == "refusal" and assistant:
+            parts.append({"type": "refusal", "refusal": part.get("refusal", "")})
+        elif kind in ("input_text", "output_text", "refusal"):
+            text = part.get("refusal", "") if kind == "refusal" else part.get("text", "")
+            if assistant:
+                parts.append(
+                    {"type": "output_text", "text": text, "annotations": part.get("annotations") or []}
+                )
+            else:
+                parts.append({"type": "input_text", "text": text})
+    return parts
+
+
+def normalise_item(item: Item, item_id: str) -> Item:
+    """``item`` (as the request sent it) in the shape the API lists it, with ``item_id`` if it had none."""
+    kind = item.get("type") or "message"
+    identifier = item.get("id") or item_id
+    if kind == "message":
+        role = item["role"]
+        assistant = role == "assistant"
+        return {
+            "id": identifier,
+            "type": "message",
+            "role": role,
+            "content": _text_parts(item.get("content"), assistant),
+            "status": item.get("status") or "completed",
+        }
+    if kind == "function_call":
+        return {
+            "id": identifier,
+            "type": "function_call",
+            "call_id": item["call_id"],
+            "name": item["name"],
+            "arguments": item.get("arguments", ""),
+            "status": item.get("status") or "completed",
+        }
+    if kind == "function_call_output":
+        return {
+            "id": identifier,
+            "type": "function_call_output",
+            "call_id": item["call_id"],
+            "output": item.get("output", ""),
+            "status": item.get("status") or "completed",
+        }
+    normalised = {**item, "id": identifier}
+    normalised.setdefault("status", "completed")
+    return normalised
+
+
+def normalise_input(items: list[Item], response_id: str) -> list[Item]:
+    """Every input item of ``response_id`` normalised, numbered by position when it has no id."""
+    return [normalise_item(item, ids.input_item_id(response_id, index)) for index, item in enumerate(items)]
+
+
+@dataclass(frozen=True)
+class PageRequest:
+    """What a client asked of the list: ``limit`` items after ``after``, in ``order``."""
+
+    limit: int = DEFAULT_LIMIT
+    order: Order = DEFAULT_ORDER
+    after: str | None = None
+
+
+def parse_page_request(limit: str | None, order: str | None, after: str | None) -> PageRequest:
+    """The query parameters checked (``limit`` 1-100, ``order`` ``asc``/``desc``)."""
+    parsed_limit = DEFAULT_LIMIT
+    if limit is not None:
+        try:
+            parsed_limit = int(limit)
+        except ValueError:
+            raise PageParameterError("limit", f"Invalid 'limit': {limit!r} is not an integer.") from None
+        if not 1 <= parsed_limit <= MAX_LIMIT:
+            raise PageParameterError(
+                "limit", f"Invalid 'limit': {parsed_limit}. It must be between 1 and {MAX_LIMIT}."
+            )
+    parsed_order: Order = DEFAULT_ORDER
+    if order is not None:
+        if order not in ("asc", "desc"):
+            raise PageParameterError("order", f"Invalid 'order': {order!r}. Expected 'asc' or 'desc'.")
+        parsed_order = "asc" if order == "asc" else "desc"
+    return PageRequest(parsed_limit, parsed_order, after or None)
+
+
+def paginate(items: list[Item], request: PageRequest) -> dict[str, Any]:
+    """One page of ``items`` (stored in input order), OpenAI's list shape.
+
+    ``has_more`` is true exactly when items remain after this page in the chosen
+    order, so a client following ``last_id`` stops at the end.
+    """
+    ordered = items if request.order == "asc" else items[::-1]
+    start = 0
+    if request.after is not None:
+        positions = [index for index, item in enumerate(ordered) if item.get("id") == request.after]
+        if not positions:
+            raise PageParameterError("after", f"No input item with id {request.after!r} in this response.")
+        start = positions[0] + 1
+    page = ordered[start : start + request.limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": start + len(page) < len(ordered),
+    }

@@ -1,0 +1,195 @@
+"""Stored responses as the routes see them: every read of a response by id passes through here.
+
+The routes never read a response record themselves. :meth:`ResponseStore.get`
+checks the id's shape (400), that the response exists, was stored
+(``store=true``) and that the caller may see it (404 otherwise, with the same
+message, so that nobody learns whether a foreign id exists).
+:meth:`ResponseStore.visible` is the one place where ownership is decided, so
+authentication plugs in there and in :func:`api.deps.get_caller` only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from redis.asyncio import Redis
+
+from api.caller import Caller
+from api.errors import OpenAIError, invalid_value, response_not_found
+from api.relay import follow_events, last_sequence_number
+from resq import ids, jsonutil, keys
+from resq.records import CANCEL_LUA, DELETE_LUA, TERMINAL_STATUSES
+from resq.redis_types import optional_bytes
+
+Item = dict[str, Any]
+
+_FIELDS = ("status", "response", "final", "store", "background", "owner")
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    """One response record, as read at one moment."""
+
+    response_id: str
+    status: str
+    response_json: bytes
+    final: bool
+    store: bool
+    background: bool
+    owner: str
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the status can no longer change."""
+        return self.status in TERMINAL_STATUSES
+
+    def current_json(self) -> bytes:
+        """The Response as a client sees it now.
+
+        Once final, the stored bytes exactly as the create call returned them.
+        Before that, the latest snapshot with the record's status, which moves
+        ahead of the snapshot when a cancel marks the record before the
+        post-processor writes the final cancelled Response.
+        """
+        if self.final:
+            return self.response_json
+        snapshot = jsonutil.loads(self.response_json)
+        if snapshot.get("status") == self.status:
+            return self.response_json
+        return jsonutil.dumps({**snapshot, "status": self.status})
+
+
+@dataclass(frozen=True)
+class EarlierConversation:
+    """What continuing from a response (``previous_response_id``) needs of it."""
+
+    conversation: list[Item]
+    """The items it was generated from (its own earlier conversation and input)."""
+    output: list[Item]
+    """Its output items."""
+
+
+def check_response_id(response_id: str, param: str = "response_id") -> str:
+    """``response_id`` if it is shaped like an id resq issues; a 400 otherwise."""
+    if not ids.is_response_id(response_id):
+        raise invalid_value(
+            f"Invalid '{param}': {response_id!r}. Expected an ID that begins with 'resp_' "
+            "followed by 32 hexadecimal digits.",
+            param,
+        )
+    return response_id
+
+
+def previous_response_not_found(response_id: str) -> OpenAIError:
+    """The 400 for a ``previous_response_id`` that names no stored response the caller may see."""
+    return invalid_value(
+        f"Previous response with id '{response_id}' not found.",
+        "previous_response_id",
+        "previous_response_not_found",
+    )
+
+
+class ResponseStore:
+    """Reads, cancels and deletes stored responses in Redis."""
+
+    def __init__(self, redis: Redis, transient_ttl_s: int) -> None:
+        self._redis = redis
+        self._transient_ttl_s = transient_ttl_s
+
+    @staticmethod
+    def visible(stored: StoredResponse, caller: Caller) -> bool:
+        """Whether ``caller`` may see ``stored``: the single ownership check of the API."""
+        return stored.owner == caller.owner
+
+    async def _read(self, response_id: str) -> StoredResponse | None:
+        values = await self._redis.hmget(keys.record(response_id), _FIELDS)
+        status, response, final, store, background, owner = (optional_bytes(value) for value in values)
+        if status is None or response is None:
+            return None
+        return StoredResponse(
+            response_id=response_id,
+            status=status.decode(),
+            response_json=response,
+            final=final == b"1",
+            store=store == b"1",
+            background=background == b"1",
+            owner=(owner or b"").decode(),
+        )
+
+    async def _read_visible(self, response_id: str, caller: Caller) -> StoredResponse | None:
+        stored = await self._read(response_id)
+        if stored is None or not stored.store or not self.visible(stored, caller):
+            return None
+        return stored
+
+    async def get(self, response_id: str, caller: Caller) -> StoredResponse:
+        """The stored response ``response_id``; 400 for a malformed id, 404 when the caller cannot see it."""
+        check_response_id(response_id)
+        stored = await self._read_visible(response_id, caller)
+        if stored is None:
+            raise response_not_found(response_id)
+        return stored
+
+    async def earlier_conversation(self, response_id: str, caller: Caller) -> EarlierConversation:
+        """What a request with ``previous_response_id=response_id`` continues; 400 when unusable."""
+        check_response_id(response_id, "previous_response_id")
+        stored = await self._read_visible(response_id, caller)
+        if stored is None:
+            raise previous_response_not_found(response_id)
+        if not stored.final:
+            raise invalid_value(
+                f"Previous response with id '{response_id}' has status '{stored.status}': "
+                "a conversation can only continue from a finished response.",
+                "previous_response_id",
+            )
+        record = optional_bytes(await self._redis.get(keys.input_items(response_id)))
+        if record is None:
+            raise previous_response_not_found(response_id)
+        conversation: list[Item] = jsonutil.loads(record)["conversation"]
+        output: list[Item] = jsonutil.loads(stored.response_json)["output"]
+        return EarlierConversation(conversation, output)
+
+    async def input_items(self, stored: StoredResponse) -> list[Item]:
+        """The input items of ``stored``, in input order; 404 when they are gone."""
+        record = optional_bytes(await self._redis.get(keys.input_items(stored.response_id)))
+        if record is None:
+            raise response_not_found(stored.response_id)
+        items: list[Item] = jsonutil.loads(record)["items"]
+        return items
+
+    async def cancel(self, stored: StoredResponse) -> bool:
+        """Mark ``stored`` cancelled unless it ended already, and flag its generation to stop.
+
+        Returns False when the response vanished meanwhile.
+        """
+        status = await self._redis.eval(
+            CANCEL_LUA,
+            2,
+            keys.record(stored.response_id),
+            keys.cancel(stored.response_id),
+            self._transient_ttl_s,
+        )
+        return status is not None
+
+    async def wait_until_final(self, response_id: str, caller: Caller, timeout_s: float) -> StoredResponse:
+        """The response once the post-processor wrote its final Response, or as it is after ``timeout_s``."""
+        with anyio.move_on_after(timeout_s):
+            # The terminal event is logged after the final Response is stored: once the log
+            # ends, the record is final.
+            async for _ in follow_events(
+                self._redis, response_id, await last_sequence_number(self._redis, response_id)
+            ):
+                pass
+        return await self.get(response_id, caller)
+
+    async def delete(self, stored: StoredResponse) -> bool:
+        """Remove every key of ``stored`` (a running generation is told to stop); False if already gone."""
+        response_id = stored.response_id
+        record, flag = keys.record(response_id), keys.cancel(response_id)
+        others = [key for key in keys.all_keys(response_id) if key not in (record, flag)]
+        status = await self._redis.eval(
+            DELETE_LUA, 2 + len(others), record, flag, *others, self._transient_ttl_s
+        )
+        return status is not None
