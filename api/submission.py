@@ -62,6 +62,7 @@ def initial_response(
         "parallel_tool_calls": True if request.parallel_tool_calls is None else request.parallel_tool_calls,
         "previous_response_id": request.previous_response_id,
         "prompt_cache_key": request.prompt_cache_key,
+        "prompt_cache_retention": request.prompt_cache_retention,
         "reasoning": request.reasoning.model_dump()
         if request.reasoning
         else {"effort": None, "summary": None},

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from pydantic import ValidationError
+from tokenizers import Tokenizer
 
 from api.errors import OpenAIError, validation_error_to_openai
 from api.generation_plan import THINKING_SWITCH, plan_generation, plan_tools, thinking_context, wants_logprobs
@@ -15,7 +16,10 @@ from api.schemas import CreateResponseRequest
 from api.submission import initial_response, render_prompt, stop_token_ids
 from resq.catalog import TextTokenizer
 from resq.cli import main
+from resq.conversation import input_to_items, items_to_messages
 from resq.settings import load_settings
+from tests.fixture_model import ensure_fixture_model, scenario
+from tests.support.scenarios import scenario_input, scenario_tools
 from tests.support.tokenizer import tiny_tokenizer
 
 WEATHER = {
@@ -244,3 +248,61 @@ def test_unknown_parser_names_stop_start_up_with_a_clear_message(monkeypatch: py
     result = CliRunner().invoke(main, ["api"])
     assert result.exit_code == 1
     assert "RESQ_TOOL_PARSER: 'json' is not a parser resq knows; use one of hermes" in result.output
+
+
+# --- what the fixture model was trained on ----------------------------------------------------------
+
+
+def fixture_tokenizer() -> tuple[TextTokenizer, Any]:
+    from transformers import AutoTokenizer
+
+    directory = ensure_fixture_model()
+    hf = AutoTokenizer.from_pretrained(directory)
+    base = tiny_tokenizer()
+    card = base.card.model_copy(update={"chat_template": hf.chat_template, "special_tokens": {}})
+    return TextTokenizer(card=card, tokenizer=Tokenizer.from_file(str(directory / "tokenizer.json"))), hf
+
+
+ECHOED_REASONING = {
+    "type": "reasoning",
+    "id": "rs_1",
+    "summary": [],
+    "content": [{"type": "reasoning_text", "text": "I should look it up."}],
+    "status": "completed",
+}
+
+
+@pytest.mark.parametrize("echo_reasoning", [False, True], ids=["items", "items_with_reasoning"])
+def test_resent_items_render_exactly_the_trained_prompts(echo_reasoning: bool) -> None:
+    tokenizer, hf = fixture_tokenizer()
+    for name in ("after_tool_result", "multi_turn", "tool_call", "developer_role"):
+        chosen = scenario(name)
+        items = scenario_input(chosen)
+        for item in items:
+            if item.get("type") == "function_call":
+                item.update(id="fc_1", status="completed")  # as the SDK echoes an output item
+            elif item.get("role") == "assistant":
+                item.update(
+                    type="message",
+                    content=[{"type": "output_text", "text": item["content"], "annotations": []}],
+                )
+        earlier_output = [
+            index
+            for index, item in enumerate(items)
+            if item.get("role") == "assistant" or item.get("type") == "function_call"
+        ]
+        if echo_reasoning and earlier_output:
+            # A reasoning model's earlier output starts with its reasoning; the template drops it.
+            items.insert(earlier_output[0], ECHOED_REASONING)
+        validated = request(input=items, tools=scenario_tools(chosen))
+        plan = plan_generation(validated, tokenizer.card, "hermes", "qwen3")
+        if chosen.tools:
+            assert plan.template_tools == chosen.tools, "resq renders tools as the fixture was trained"
+        messages = items_to_messages(
+            input_to_items([item.model_dump(exclude_none=True) for item in validated.input])
+        )  # type: ignore[union-attr]
+        ours = render_prompt(tokenizer, messages, plan)
+        trained = hf.apply_chat_template(
+            chosen.messages, tools=chosen.tools, add_generation_prompt=True, tokenize=False
+        )
+        assert ours == list(hf(trained, add_special_tokens=False)["input_ids"]), name
