@@ -168,9 +168,6 @@ def test_the_tool_loop_continues_when_the_items_are_resent(client: OpenAI) -> No
     assert calls(second) == []
 
 
-@pytest.mark.xfail(
-    strict=True, reason="previous_response_id is resolved by the stateful branch (issue 3), not merged yet"
-)
 def test_the_tool_loop_continues_from_previous_response_id(client: OpenAI) -> None:
     first = client.responses.create(model=MODEL, input=WEATHER_PROMPT, tools=TOOLS, temperature=0)
     call = first.output[0]
