@@ -63,7 +63,9 @@ def response_not_found(response_id: str) -> OpenAIError:
 _TYPE_ERRORS = re.compile(r"(_type$|_parsing$|^model_attributes_type$|^is_instance_of$|^dict_type$)")
 _WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Union branches pydantic names in `loc`, which are not fields.
-_NOT_FIELDS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "function", "other", "mode"})
+_NOT_FIELDS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "function", "other"})
+# `tool_choice`'s union tags every string choice "mode"; `reasoning.mode` is a real field.
+_TAG_AFTER = {"tool_choice": "mode"}
 
 
 def _param_path(loc: Sequence[int | str], skip_tags: bool = True) -> str | None:
@@ -77,6 +79,8 @@ def _param_path(loc: Sequence[int | str], skip_tags: bool = True) -> str | None:
             continue
         if not _WORD.match(component):
             continue  # e.g. "list[tagged-union[...]]", "function-after[...]"
+        if index > 0 and _TAG_AFTER.get(str(loc[index - 1])) == component:
+            continue
         if skip_tags and component in _NOT_FIELDS | {
             "message",
             "function_call",

@@ -193,7 +193,13 @@ InputItem = Annotated[
 
 
 class FunctionTool(_Strict):
-    """A function the model may call."""
+    """A function the model may call.
+
+    ``strict`` is accepted and echoed, but arguments are not constrained to the
+    schema (no grammar-guided decoding): they are always a JSON object, nothing more.
+    """
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     type: Literal["function"]
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
@@ -201,6 +207,31 @@ class FunctionTool(_Strict):
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
     defer_loading: bool | None = None
+    allowed_callers: list[Literal["direct", "programmatic"]] | None = None
+    async_: bool | None = Field(None, alias="async")
+    output_schema: dict[str, Any] | None = None
+
+    @field_validator("defer_loading", "async_")
+    @classmethod
+    def _refuse_true(cls, value: bool | None, info: Any) -> bool | None:
+        if value:
+            name = "async" if info.field_name == "async_" else info.field_name
+            raise unsupported(f"{name}: true (tool search, asynchronous tools)")
+        return value
+
+    @field_validator("allowed_callers")
+    @classmethod
+    def _direct_only(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and "programmatic" in value:
+            raise unsupported("Programmatic tool calling")
+        return value
+
+    @field_validator("output_schema")
+    @classmethod
+    def _refuse_output_schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            raise unsupported("output_schema (chat templates cannot show it to the model)")
+        return value
 
 
 class UnsupportedTool(BaseModel):
@@ -284,11 +315,38 @@ class TextConfig(_Strict):
 
 
 class ReasoningConfig(_Strict):
-    """``reasoning``: effort and summary preferences (echoed)."""
+    """``reasoning``: effort (thinking on or off, where the chat template has the switch), echoed.
 
-    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    There is no summarizer: a summary other than ``auto`` (which may be none) is refused,
+    and reasoning comes back as raw ``reasoning_text`` content.
+    """
+
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None
     generate_summary: Literal["auto", "concise", "detailed"] | None = None
+    context: Literal["auto", "current_turn", "all_turns"] | None = None
+    mode: str | None = None
+
+    @field_validator("summary", "generate_summary")
+    @classmethod
+    def _no_summarizer(cls, value: str | None, info: Any) -> str | None:
+        if value not in (None, "auto"):
+            raise unsupported(f"reasoning.{info.field_name} {value!r} (there is no summarizer)")
+        return value
+
+    @field_validator("context")
+    @classmethod
+    def _template_decides(cls, value: str | None) -> str | None:
+        if value not in (None, "auto"):
+            raise unsupported(f"reasoning.context {value!r} (the chat template decides what is replayed)")
+        return value
+
+    @field_validator("mode")
+    @classmethod
+    def _standard_only(cls, value: str | None) -> str | None:
+        if value not in (None, "standard"):
+            raise unsupported(f"reasoning.mode {value!r}")
+        return value
 
 
 class StreamOptions(_Strict):
@@ -308,9 +366,23 @@ UNSUPPORTED_FIELDS = (
     "moderation",
     "prompt",
     "prompt_cache_options",
-    "include",
-    "top_logprobs",
 )
+
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+"""The one ``include`` value resq serves."""
+KNOWN_INCLUDES = frozenset(
+    {
+        "file_search_call.results",
+        "web_search_call.results",
+        "web_search_call.action.sources",
+        "message.input_image.image_url",
+        "computer_call_output.output.image_url",
+        "code_interpreter_call.outputs",
+        "reasoning.encrypted_content",
+        LOGPROBS_INCLUDE,
+    }
+)
+TOP_LOGPROBS_MAX = 20
 
 
 class CreateResponseRequest(_Strict):
@@ -334,7 +406,7 @@ class CreateResponseRequest(_Strict):
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
-    truncation: Literal["disabled"] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
     user: str | None = Field(None, max_length=256)
     safety_identifier: str | None = Field(None, max_length=128)
     prompt_cache_key: str | None = Field(None, max_length=256)
@@ -349,15 +421,46 @@ class CreateResponseRequest(_Strict):
     moderation: Any = None
     prompt: Any = None
     prompt_cache_options: Any = None
-    include: Any = None
-    top_logprobs: Any = None
+    include: list[str] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS_MAX)
 
     @field_validator(*UNSUPPORTED_FIELDS, mode="before")
     @classmethod
     def _refuse_unsupported(cls, value: Any, info: Any) -> Any:
-        if value is None or (info.field_name == "include" and value == []):
+        if value is None:
             return value
         raise unsupported(f"The parameter {info.field_name!r}")
+
+    @field_validator("include")
+    @classmethod
+    def _served_includes(cls, value: list[str] | None) -> list[str] | None:
+        for entry in value or []:
+            if entry not in KNOWN_INCLUDES:
+                raise ValueError(f"unknown include {entry!r}; resq serves only {LOGPROBS_INCLUDE!r}")
+            if entry != LOGPROBS_INCLUDE:
+                raise unsupported(f"include {entry!r}")
+        return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _sampled_token_only(cls, value: int | None) -> int | None:
+        if value:
+            raise unsupported(
+                "top_logprobs above 0 (the engine reports the sampled token's logprob, no alternatives)"
+            )
+        return value
+
+    @field_validator("truncation")
+    @classmethod
+    def _no_truncation(cls, value: str | None) -> str | None:
+        if value == "auto":
+            raise unsupported("truncation 'auto' (a prompt over the context window gets a 400 instead)")
+        return value
+
+    @property
+    def wants_logprobs(self) -> bool:
+        """Whether ``include`` asks for ``output_text`` logprobs."""
+        return LOGPROBS_INCLUDE in (self.include or [])
 
     @field_validator("metadata")
     @classmethod

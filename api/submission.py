@@ -9,6 +9,7 @@ from typing import Any
 
 from api.caller import Caller
 from api.errors import OpenAIError, invalid_value
+from api.generation_plan import GenerationPlan, plan_generation
 from api.input_items import normalise_input
 from api.schemas import CreateResponseRequest
 from api.state import AppState
@@ -40,19 +41,6 @@ class Accepted:
     logged_events: list[EncodedEvent]
 
 
-def _tool_schemas(request: CreateResponseRequest) -> list[dict[str, Any]] | None:
-    if not request.tools or request.tool_choice == "none":
-        return None
-    schemas = []
-    for tool in request.tools:
-        function: dict[str, Any] = {"name": tool.name}  # type: ignore[union-attr]
-        if tool.description is not None:  # type: ignore[union-attr]
-            function["description"] = tool.description  # type: ignore[union-attr]
-        function["parameters"] = tool.parameters or {"type": "object", "properties": {}}  # type: ignore[union-attr]
-        schemas.append({"type": "function", "function": function})
-    return schemas
-
-
 def initial_response(
     request: CreateResponseRequest, response_id: str, model: str, background: bool, store: bool
 ) -> dict[str, Any]:
@@ -74,6 +62,7 @@ def initial_response(
         "parallel_tool_calls": True if request.parallel_tool_calls is None else request.parallel_tool_calls,
         "previous_response_id": request.previous_response_id,
         "prompt_cache_key": request.prompt_cache_key,
+        "prompt_cache_retention": request.prompt_cache_retention,
         "reasoning": request.reasoning.model_dump()
         if request.reasoning
         else {"effort": None, "summary": None},
@@ -85,8 +74,8 @@ def initial_response(
         if request.text and request.text.verbosity
         else {"format": {"type": "text"}},
         "tool_choice": _tool_choice_echo(request),
-        "tools": [tool.model_dump(exclude_none=True) for tool in request.tools or []],
-        "top_logprobs": 0,
+        "tools": [tool.model_dump(exclude_none=True, by_alias=True) for tool in request.tools or []],
+        "top_logprobs": request.top_logprobs or 0,
         "top_p": DEFAULT_TOP_P if request.top_p is None else request.top_p,
         "truncation": "disabled",
         "usage": None,
@@ -105,11 +94,11 @@ def _tool_choice_echo(request: CreateResponseRequest) -> Any:
 
 
 def render_prompt(
-    tokenizer: TextTokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    tokenizer: TextTokenizer, messages: list[dict[str, Any]], plan: GenerationPlan
 ) -> list[int]:
     """Prompt token ids of the conversation, through the model's chat template."""
     try:
-        text = tokenizer.render(messages, tools)
+        text = tokenizer.render(messages, plan.template_tools, plan.template_context)
     except ChatTemplateError as exc:
         raise invalid_value(
             f"The model's chat template rejected the input: {exc}", "input", "invalid_prompt"
@@ -118,6 +107,18 @@ def render_prompt(
     if not token_ids:
         raise invalid_value("The input renders to an empty prompt.", "input")
     return token_ids
+
+
+def stop_token_ids(tokenizer: TextTokenizer, plan: GenerationPlan) -> list[int]:
+    """Tokens that end this request besides the model's own end tokens.
+
+    Only a stop text that is one token of the vocabulary can stop the engine; otherwise
+    the post-processor alone ends the answer there (generation runs on, unseen).
+    """
+    if plan.stop_after is None:
+        return []
+    token_id = tokenizer.tokenizer.token_to_id(plan.stop_after)
+    return [] if token_id is None else [token_id]
 
 
 def generation_limit(
@@ -172,8 +173,9 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
         messages = items_to_messages(conversation, request.instructions)
     except ValueError as exc:
         raise invalid_value(str(exc), "input") from exc
-    tools = _tool_schemas(request)
-    prompt_ids = render_prompt(tokenizer, messages, tools)
+    plan = plan_generation(request, tokenizer.card, settings.tool_parser, settings.reasoning_parser)
+    forced_ids = tokenizer.encode(plan.forced_prefix) if plan.forced_prefix else []
+    prompt_ids = render_prompt(tokenizer, messages, plan) + forced_ids
     limit = generation_limit(
         request, len(prompt_ids), tokenizer.card.context_length, settings.default_max_output_tokens
     )
@@ -189,7 +191,12 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
         background=background,
         store=store,
         first_sequence_number=len(logged),
-        tools_enabled=tools is not None,
+        reasoning_parser=settings.reasoning_parser,
+        tool_parser=settings.tool_parser,
+        tools_enabled=plan.tools_enabled,
+        max_function_calls=plan.max_calls,
+        forced_prefix_ids=tuple(forced_ids),
+        logprobs=plan.logprobs,
     )
     # The conversation is stored whole (not as a link to the earlier response), so a
     # continuation keeps working when an earlier response expires or is deleted.
@@ -228,6 +235,8 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
         max_output_tokens=limit,
         temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
         top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
+        stop_token_ids=stop_token_ids(tokenizer, plan),
+        logprobs=plan.logprobs,
     )
     await state.start_postprocessing(response_id)
     await state.send_task(keys.GENERATE_TASK, keys.GENERATE_QUEUE, {"job": job.model_dump()})

@@ -6,7 +6,12 @@ that :mod:`gpu_worker.publisher` drains, off the engine's critical path.
 
 Sampling is per request through transformers' per-request logits processors:
 temperature, top-p, and top-k = 1 for greedy (``temperature: 0``), since the
-engine's argmax/sampling switch is global.
+engine's argmax/sampling switch is global. So are the end tokens: a request may
+add its own (``stop_token_ids``) to the model's.
+
+With ``RESQ_LOGPROBS`` the engine also computes each sampled token's logprob
+under the model's raw distribution (:mod:`gpu_worker.raw_logprobs`), for every
+request; only those that ask get them published.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.continuous_batching.requests import GenerationOutput
 
+from gpu_worker import raw_logprobs
 from gpu_worker.model_loading import LoadedModel
 from resq.settings import Settings
 from resq.wire import GenerationJob
@@ -44,6 +50,9 @@ class Engine:
 
     def __init__(self, loaded: LoadedModel, settings: Settings) -> None:
         self._loaded = loaded
+        self.logprobs = settings.logprobs
+        if self.logprobs:
+            raw_logprobs.install()
         self._vocab_size = int(loaded.model.config.get_text_config().vocab_size)
         self.eos_token_ids = frozenset(loaded.card.eos_token_ids)
         self.context_length = loaded.card.context_length
@@ -76,6 +85,7 @@ class Engine:
             "max_requests_per_batch": settings.max_batch,
             "per_request_processors": True,
             "seed": settings.seed,
+            "return_logprobs": settings.logprobs,
         }
         if cache_tokens is not None:
             options["num_blocks"] = math.ceil(cache_tokens / settings.kv_page_size)
@@ -127,10 +137,15 @@ class Engine:
             request_id=job.response_id,
             max_new_tokens=job.max_output_tokens,
             streaming=True,
+            eos_token_id=self.end_tokens(job) if job.stop_token_ids else None,
             **sampling,
         )
         if request_id is None:
             raise EngineStoppedError("the engine does not accept requests (stopping or failed)")
+
+    def end_tokens(self, job: GenerationJob) -> list[int]:
+        """The tokens that end ``job``: the model's, and the request's own."""
+        return sorted(self.eos_token_ids | set(job.stop_token_ids))
 
     def cancel(self, response_id: str) -> None:
         """Stop generating ``response_id``; the engine frees its cache at its next step."""

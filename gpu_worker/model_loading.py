@@ -123,6 +123,7 @@ def load_model(settings: Settings) -> LoadedModel:
         tokenizer_sha256=tokenizer_sha256(tokenizer_json),
         created=int(time.time()),
         source=str(path),
+        logprobs=settings.logprobs,
     )
     log.info(
         "model %r ready in %.1fs: %d parameters, context %d tokens",

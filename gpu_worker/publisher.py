@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from redis import Redis
@@ -31,6 +32,9 @@ IDLE_WAIT_S = 0.05
 @dataclass
 class _Tracked:
     prompt_tokens: int
+    end_tokens: frozenset[int]
+    """Tokens whose appearance last means the request stopped (rather than hit its limit)."""
+    logprobs: bool = False
     published: int = 0
 
 
@@ -49,10 +53,17 @@ class TokenPublisher:
 
     # --- called from the Celery task thread ----------------------------------------------------
 
-    def start_request(self, response_id: str, prompt_tokens: int) -> None:
+    def start_request(
+        self,
+        response_id: str,
+        prompt_tokens: int,
+        stop_token_ids: Iterable[int] = (),
+        logprobs: bool = False,
+    ) -> None:
         """Track a request the engine is about to take, and publish its start entry."""
+        end_tokens = self._engine.eos_token_ids | frozenset(stop_token_ids)
         with self._lock:
-            self._tracked[response_id] = _Tracked(prompt_tokens)
+            self._tracked[response_id] = _Tracked(prompt_tokens, end_tokens, logprobs)
         pipe = self._redis.pipeline(transaction=False)
         pipe.xadd(keys.tokens(response_id), encode_entry(StartEntry(prompt_tokens)))
         pipe.expire(keys.tokens(response_id), self._stream_ttl_s)
@@ -128,8 +139,13 @@ class TokenPublisher:
             # NOMKSTREAM: a response deleted mid-generation must not get its stream back
             # (without a TTL); its start entry created the stream, nothing else may.
             if new_tokens:
+                logprobs = None
+                if tracked.logprobs and len(output.logprobs) == len(output.generated_tokens):
+                    logprobs = list(output.logprobs[tracked.published :])
                 pipe.xadd(
-                    keys.tokens(response_id), encode_entry(TokensEntry(list(new_tokens))), nomkstream=True
+                    keys.tokens(response_id),
+                    encode_entry(TokensEntry(list(new_tokens), logprobs)),
+                    nomkstream=True,
                 )
                 tracked.published += len(new_tokens)
                 published += len(new_tokens)
@@ -161,7 +177,7 @@ class TokenPublisher:
         if output.status == RequestStatus.FAILED or output.error is not None:
             return FinishEntry("error", tracked.prompt_tokens, generated, output.error or "generation failed")
         last = output.generated_tokens[-1] if output.generated_tokens else None
-        reason: FinishReason = "stop" if last in self._engine.eos_token_ids else "length"
+        reason: FinishReason = "stop" if last in tracked.end_tokens else "length"
         return FinishEntry(reason, tracked.prompt_tokens, generated)
 
     def _end(self, response_id: str) -> None:

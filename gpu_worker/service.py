@@ -41,7 +41,9 @@ class GenerationService:
             self._engine.release_slot()
             self._publisher.finish_unstarted(job.response_id, prompt_tokens, "cancelled", None)
             return
-        self._publisher.start_request(job.response_id, prompt_tokens)
+        self._publisher.start_request(
+            job.response_id, prompt_tokens, job.stop_token_ids, job.logprobs and self._engine.logprobs
+        )
         metrics.PROMPT_TOKENS.inc(prompt_tokens)
         log.info("generation started: %d prompt tokens, at most %d new", prompt_tokens, job.max_output_tokens)
         try:

@@ -10,8 +10,10 @@ any model a GPU worker serves.
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict
@@ -43,6 +45,8 @@ class ModelCard(BaseModel):
     created: int
     source: str
     """Where the weights came from (a path or a hub id), for ``/v1/models`` and logs."""
+    logprobs: bool = False
+    """Whether the GPU worker computes each sampled token's log-probability."""
 
 
 @dataclass
@@ -52,14 +56,23 @@ class TextTokenizer:
     card: ModelCard
     tokenizer: Tokenizer
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
-        """The prompt text for ``messages``, ending with the assistant generation prompt."""
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        extra_context: dict[str, Any] | None = None,
+    ) -> str:
+        """The prompt text for ``messages``, ending with the assistant generation prompt.
+
+        ``extra_context`` holds template variables such as ``enable_thinking``.
+        """
         return render_chat(
             self.card.chat_template,
             messages,
             tools=tools,
             add_generation_prompt=True,
             special_tokens=self.card.special_tokens,
+            extra_context=extra_context,
         )
 
     def encode(self, text: str) -> list[int]:
@@ -73,6 +86,60 @@ class TextTokenizer:
     def decode_stream(self) -> DecodeStream:
         """A fresh incremental decoder (holds back bytes of an unfinished UTF-8 character)."""
         return DecodeStream(skip_special_tokens=True)
+
+    def token_bytes(self, token_id: int) -> bytes | None:
+        """The bytes ``token_id`` stands for, where the vocabulary says exactly; else None.
+
+        Byte-level BPE vocabularies (GPT-2, Llama 3, Qwen, ...) spell every byte as
+        one character, so a token that holds part of a UTF-8 character still has
+        exact bytes. Other vocabularies (SentencePiece) answer None: the caller
+        falls back to the decoded text.
+        """
+        added = self._added_tokens.get(token_id)
+        if added is not None:
+            return added
+        if self._byte_decoder is None:
+            return None
+        piece = self.tokenizer.id_to_token(token_id)
+        if piece is None:
+            return None
+        try:
+            return bytes(self._byte_decoder[char] for char in piece)
+        except KeyError:
+            return None
+
+    @cached_property
+    def _added_tokens(self) -> dict[int, bytes]:
+        # Special tokens never reach the text (decoding skips them): they stand for no bytes.
+        return {
+            token_id: b"" if token.special else token.content.encode()
+            for token_id, token in self.tokenizer.get_added_tokens_decoder().items()
+        }
+
+    @cached_property
+    def _byte_decoder(self) -> dict[str, int] | None:
+        decoder = self.tokenizer.decoder
+        if decoder is None:
+            return None
+        state = json.loads(decoder.__getstate__())
+        kinds = {state.get("type")} | {part.get("type") for part in state.get("decoders") or []}
+        return _byte_level_alphabet() if "ByteLevel" in kinds else None
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-to-character table, inverted: the character that spells each byte."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    table = {byte: chr(byte) for byte in printable}
+    extra = 0
+    for byte in range(256):
+        if byte not in table:
+            table[byte] = chr(256 + extra)
+            extra += 1
+    return {char: byte for byte, char in table.items()}
 
 
 def tokenizer_sha256(tokenizer_json: str) -> str:

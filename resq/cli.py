@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
+from pydantic import ValidationError
 
 from resq.healthcheck import ROLES
 from resq.logs import configure_logging
@@ -48,7 +49,16 @@ def _common_options(function: F) -> F:
 
 
 def _settings(flags: dict[str, Any]) -> Settings:
-    return load_settings(**flags)
+    try:
+        return load_settings(**flags)
+    except ValidationError as exc:
+        # A bad variable stops the role at start-up with one line per problem, not a traceback.
+        problems = "\n".join(
+            f"  RESQ_{'_'.join(str(part) for part in error['loc']).upper()}: "
+            + str(error["msg"]).removeprefix("Value error, ")
+            for error in exc.errors()
+        )
+        raise click.ClickException(f"invalid settings:\n{problems}") from exc
 
 
 @click.group()

@@ -24,5 +24,11 @@ class ProcessingOptions(BaseModel):
     tool_parser: str | None = None
     tools_enabled: bool = False
     """False when the request offers no tools or says ``tool_choice: "none"``: markup stays text."""
+    max_function_calls: int | None = None
+    """At most this many calls (1 for ``parallel_tool_calls: false``); the answer ends after the last."""
+    forced_prefix_ids: tuple[int, ...] = ()
+    """Token ids the API put at the end of the prompt so that the answer starts with them
+    (``tool_choice`` enforcement): part of the answer, though the model did not sample them."""
     logprobs: bool = False
+    """Attach each text token's log-probability to ``output_text`` (``include``)."""
     top_logprobs: int = 0

@@ -11,8 +11,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from resq.postprocess.parsers import REASONING_PARSERS, TOOL_PARSERS
 
 BUILTIN_MODEL = "builtin"
 """Value of ``RESQ_MODEL`` (and its default) that selects the built-in tiny model."""
@@ -71,12 +73,35 @@ class Settings(BaseSettings):
         1024, ge=1, description="Generation limit when a request sets no `max_output_tokens`."
     )
     seed: int | None = Field(None, description="Sampling seed of the engine; unset: random.")
+    logprobs: bool = Field(
+        True,
+        description=(
+            "The engine computes each sampled token's log-probability, so requests may ask for "
+            '`include: ["message.output_text.logprobs"]`; off: such requests get a 400.'
+        ),
+    )
 
     shutdown_grace_s: float = Field(
         10.0, ge=0, description="On SIGTERM, how long the GPU worker lets running requests finish."
     )
 
     # --- post-processing -----------------------------------------------------------------------
+    reasoning_parser: str | None = Field(
+        None,
+        description=(
+            "How the model marks reasoning: "
+            + ", ".join(f"`{name}`" for name in REASONING_PARSERS)
+            + "; unset: no reasoning items, the output is all text."
+        ),
+    )
+    tool_parser: str | None = Field(
+        None,
+        description=(
+            "How the model writes function calls: "
+            + ", ".join(f"`{name}`" for name in TOOL_PARSERS)
+            + "; unset: requests with `tools` get a 400."
+        ),
+    )
     postprocess_workers: int = Field(
         2,
         ge=0,
@@ -125,6 +150,19 @@ class Settings(BaseSettings):
     celery_events: bool = Field(
         False, description="Send Celery task events (what Flower shows); off, they cost Redis traffic."
     )
+
+    @field_validator("reasoning_parser", "tool_parser", mode="before")
+    @classmethod
+    def _known_parser(cls, value: Any, info: Any) -> Any:
+        if value is None or value == "":
+            return None
+        known = REASONING_PARSERS if info.field_name == "reasoning_parser" else TOOL_PARSERS
+        if value not in known:
+            raise ValueError(
+                f"{value!r} is not a parser resq knows; use one of {', '.join(known)}, "
+                "or leave it unset for no parsing"
+            )
+        return value
 
     @property
     def served_model_name(self) -> str:

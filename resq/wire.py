@@ -33,7 +33,10 @@ class GenerationJob(BaseModel):
     max_output_tokens: int = Field(ge=1)
     temperature: float = Field(ge=0)
     top_p: float = Field(gt=0, le=1)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    """Tokens that end this request, besides the model's end-of-sequence tokens."""
     logprobs: bool = False
+    """Publish each sampled token's log-probability with the tokens."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,6 +100,14 @@ def content_part_done(item_id: str, output_index: int, content_index: int, part:
     }
 
 
+def _event_logprobs(logprobs: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """Logprob entries as text events carry them: without the ``bytes`` only parts have."""
+    return [
+        {"token": entry["token"], "logprob": entry["logprob"], "top_logprobs": entry["top_logprobs"]}
+        for entry in logprobs or []
+    ]
+
+
 def output_text_delta(
     item_id: str,
     output_index: int,
@@ -114,7 +122,7 @@ def output_text_delta(
         "output_index": output_index,
         "content_index": content_index,
         "delta": delta,
-        "logprobs": logprobs or [],
+        "logprobs": _event_logprobs(logprobs),
     }
 
 
@@ -132,7 +140,7 @@ def output_text_done(
         "output_index": output_index,
         "content_index": content_index,
         "text": text,
-        "logprobs": logprobs or [],
+        "logprobs": _event_logprobs(logprobs),
     }
 
 

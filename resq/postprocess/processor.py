@@ -22,6 +22,7 @@ from resq.events.builders import ItemStatus
 from resq.events.emitter import EncodedEvent, EventEmitter
 from resq.options import ProcessingOptions
 from resq.postprocess.detokenizer import IncrementalDetokenizer
+from resq.postprocess.logprobs import LogprobAligner
 from resq.postprocess.parsers import ReasoningTokenCounter, make_parser
 from resq.postprocess.segments import Segment
 from resq.wire import FinishEntry, StartEntry, TokensEntry, TokenStreamEntry
@@ -60,6 +61,10 @@ class ResponseProcessor:
         self._detokenizer = IncrementalDetokenizer(tokenizer)
         self._parser = make_parser(options)
         self._reasoning_counter = ReasoningTokenCounter() if self._parser.tracks_reasoning else None
+        self._logprobs = LogprobAligner(tokenizer) if options.logprobs else None
+        self._forced_prefix_ids = list(options.forced_prefix_ids)
+        self._output_length = 0
+        """Characters of decoded output so far (where the next token's text starts)."""
         self._assembler = OutputAssembler(response_id)
         self._started = False
         self.reasoning_tokens = 0
@@ -83,10 +88,15 @@ class ResponseProcessor:
             self._started = True
             events.append(build.response_event(types.IN_PROGRESS, self.in_progress_response()))
         if isinstance(entry, TokensEntry):
-            events += self._segments_to_events(self._feed(entry.token_ids))
+            if self._forced_prefix_ids:
+                # The answer starts with the tokens the API forced (tool_choice): the parsers
+                # see them as output, the counts and logprobs as the prompt they were.
+                forced, self._forced_prefix_ids = self._forced_prefix_ids, []
+                events += self._segments_to_events(self._feed(forced, None, sampled=False))
+            events += self._segments_to_events(self._feed(entry.token_ids, entry.logprobs))
         elif isinstance(entry, FinishEntry):
             self.finish = entry
-            events += self._segments_to_events(self._parser.finish())
+            events += self._segments_to_events(self._with_logprobs(self._parser.finish()))
             if self._reasoning_counter is not None:
                 self._reasoning_counter.finish(self._parser.take_reasoning_spans())
                 self.reasoning_tokens = self._reasoning_counter.count
@@ -129,21 +139,35 @@ class ResponseProcessor:
 
     # --- internals -----------------------------------------------------------------------------
 
-    def _feed(self, token_ids: list[int]) -> list[Segment]:
+    def _feed(
+        self, token_ids: list[int], logprobs: list[float] | None, *, sampled: bool = True
+    ) -> list[Segment]:
         counter = self._reasoning_counter
-        if counter is None:
-            return self._parser.feed(self._detokenizer.feed(token_ids))
-        # One token at a time, so that each token's characters are known and the parser can say
-        # which of them are reasoning. The parser sees the same chunks whatever the entry sizes,
-        # so the events are identical for any chunking of the token stream too.
+        aligner = self._logprobs
+        if counter is None and aligner is None:
+            text = self._detokenizer.feed(token_ids)
+            self._output_length += len(text)
+            return self._parser.feed(text)
+        # One token at a time, so that each token's characters are known: the parser says which
+        # of them are reasoning, and text segments say where they lie. The parser sees the same
+        # chunks whatever the entry sizes, so the events are identical for any chunking too.
         segments: list[Segment] = []
-        for token_id in token_ids:
+        for index, token_id in enumerate(token_ids):
             text = self._detokenizer.feed([token_id])
-            counter.add_token(len(text))
+            if aligner is not None and sampled and logprobs is not None and index < len(logprobs):
+                aligner.add_token(self._output_length, token_id, text, logprobs[index])
+            self._output_length += len(text)
+            if counter is not None:
+                counter.add_token(len(text), sampled=sampled)
             segments += self._parser.feed(text)
-            counter.settle(self._parser.take_reasoning_spans(), self._parser.resolved)
-        self.reasoning_tokens = counter.count
-        return segments
+            if counter is not None:
+                counter.settle(self._parser.take_reasoning_spans(), self._parser.resolved)
+        if counter is not None:
+            self.reasoning_tokens = counter.count
+        return self._with_logprobs(segments)
+
+    def _with_logprobs(self, segments: list[Segment]) -> list[Segment]:
+        return self._logprobs.attach(segments) if self._logprobs is not None else segments
 
     def _segments_to_events(self, segments: list[Segment]) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []

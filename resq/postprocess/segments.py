@@ -8,10 +8,18 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class TextSegment:
-    """Visible answer text (goes into a ``message`` item)."""
+    """Visible answer text (goes into a ``message`` item).
+
+    ``start`` says where ``text`` was found: the offset of its first character in
+    the text the emitting stage was fed (for the parser chain's output: in the
+    decoded output). Every text segment is one contiguous slice of that input,
+    so the processor can tell which tokens it came from (for logprobs). It takes
+    no part in comparisons: two segments with the same text are the same text.
+    """
 
     text: str
     logprobs: list[dict[str, Any]] = field(default_factory=list)
+    start: int = field(default=-1, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,6 +76,9 @@ def base_env(redis_url: str, fixture_model_dir: Path) -> dict[str, str]:
         "RESQ_WORKER_TTL_S": "5",
         "RESQ_MAX_BATCH": "32",
         "RESQ_KV_CACHE_TOKENS": "32768",
+        # The fixture model writes Qwen3-style reasoning and Hermes-style calls.
+        "RESQ_REASONING_PARSER": "qwen3",
+        "RESQ_TOOL_PARSER": "hermes",
     }
 
 

@@ -31,6 +31,8 @@ from resq.postprocess.parsers import (
     ReasoningParser,
     ReasoningTokenCounter,
     UnknownParserError,
+    call_end_tag,
+    forced_call_prefix,
     make_parser,
 )
 from resq.postprocess.parsers.hermes import parse_call
@@ -57,13 +59,17 @@ def weather(city: str) -> Piece:
 
 
 def options(
-    reasoning: str | None = None, tools: bool = False, tools_enabled: bool = True
+    reasoning: str | None = None,
+    tools: bool = False,
+    tools_enabled: bool = True,
+    max_calls: int | None = None,
 ) -> ProcessingOptions:
     return ProcessingOptions(
         model="tiny",
         reasoning_parser=reasoning,
         tool_parser="hermes" if tools else None,
         tools_enabled=tools_enabled,
+        max_function_calls=max_calls,
     )
 
 
@@ -422,6 +428,25 @@ CASES = [
         [("reasoning", "r"), ("text", call("Oslo"))],
         markup_in_text=True,
     ),
+    Case(
+        # One run of answer text for the tool parser, two slices of the output.
+        "stray_close_inside_answer_with_tools",
+        options("qwen3", tools=True),
+        "Hi </think>there " + call("Oslo") + " bye",
+        [("text", "Hi there "), weather("Oslo"), ("text", " bye")],
+    ),
+    Case(
+        "one_call_allowed",
+        options(tools=True, max_calls=1),
+        call("Paris") + "\n" + call("Rome") + "\nafter",
+        [weather("Paris")],
+    ),
+    Case(
+        "one_call_allowed_after_reasoning_and_text",
+        options("qwen3", tools=True, max_calls=1),
+        "<think>r</think>Let me check.\n" + call("Oslo") + "<think>more</think>text " + call("Rome"),
+        [("reasoning", "r"), ("text", "Let me check.\n"), weather("Oslo")],
+    ),
 ]
 
 
@@ -450,6 +475,9 @@ def check_run(case: Case, chunks: list[str], reference: Run) -> None:
     for segment in itertools.chain(*result.fed, result.finished):
         if isinstance(segment, ToolCallSegment):
             continue
+        if isinstance(segment, TextSegment):
+            # Every text segment is the slice of the output it says it is (logprobs rely on it).
+            assert case.text[segment.start : segment.start + len(segment.text)] == segment.text, segment
         forbidden = THINK_TAGS if case.markup_in_text else ALL_TAGS
         assert not any(tag in segment.text for tag in forbidden), segment
 
@@ -630,3 +658,45 @@ def test_processor_without_reasoning_parser_counts_nothing() -> None:
     final = jsonutil.loads(events[-1])["response"]
     assert [item["type"] for item in final["output"]] == ["message", "function_call"]
     assert final["output"][0]["content"][0]["text"].startswith("<think>\n")
+
+
+# --- forced calls, call limits ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reasoning", [None, *REASONING_PARSERS])
+@pytest.mark.parametrize("name", [None, "get_weather"])
+def test_a_forced_opening_continued_by_the_model_parses_as_the_call(
+    reasoning: str | None, name: str | None
+) -> None:
+    prefix = forced_call_prefix(reasoning, "hermes", name)
+    assert prefix.startswith("</think>\n\n<tool_call>" if reasoning == "deepseek_r1" else "<tool_call>")
+    whole = call("Oslo")
+    rest = whole[len(prefix.removeprefix("</think>\n\n")) :]
+    assert (prefix.removeprefix("</think>\n\n") + rest) == whole, (
+        "the opening is how the template writes calls"
+    )
+    assert parse(prefix + rest, options(reasoning, tools=True)) == [weather("Oslo")]
+
+
+def test_forced_prefix_names_are_json_escaped_and_unknown_parsers_refused() -> None:
+    assert forced_call_prefix(None, "hermes", "a.b-c").endswith('"name": "a.b-c", "arguments":')
+    assert call_end_tag("hermes") == "</tool_call>"
+    with pytest.raises(UnknownParserError):
+        forced_call_prefix(None, "nope", None)
+    with pytest.raises(UnknownParserError):
+        call_end_tag("nope")
+
+
+def test_the_call_limit_only_applies_where_calls_are_parsed() -> None:
+    text = call("Paris") + call("Rome")
+    assert parse(text, options(tools=True, tools_enabled=False, max_calls=1)) == [("text", text)]
+    assert make_parser(options(tools=True, max_calls=1)).max_calls == 1
+
+
+def test_tokens_the_model_did_not_sample_are_never_counted() -> None:
+    counter = ReasoningTokenCounter()
+    counter.add_token(len("</think>"), sampled=False)
+    counter.add_token(len("\n\n"), sampled=False)
+    counter.add_token(len("<think>"))
+    counter.finish([(0, len("</think>\n\n<think>"))])
+    assert counter.count == 1

@@ -17,8 +17,8 @@ from typing import Protocol
 
 from resq.options import ProcessingOptions
 from resq.postprocess.parsers.chain import ParserChain
-from resq.postprocess.parsers.hermes import HermesToolParser
-from resq.postprocess.parsers.reasoning import ReasoningParser, ReasoningTokenCounter
+from resq.postprocess.parsers.hermes import CALL_CLOSE, HermesToolParser, forced_call_opening
+from resq.postprocess.parsers.reasoning import THINK_CLOSE, ReasoningParser, ReasoningTokenCounter
 from resq.postprocess.segments import Segment, TextSegment
 
 __all__ = [
@@ -31,6 +31,8 @@ __all__ = [
     "ReasoningParser",
     "ReasoningTokenCounter",
     "UnknownParserError",
+    "call_end_tag",
+    "forced_call_prefix",
     "make_parser",
 ]
 
@@ -80,4 +82,25 @@ def make_parser(options: ProcessingOptions) -> ParserChain:
     if options.reasoning_parser is not None:
         reasoning = ReasoningParser(starts_in_reasoning=_STARTS_IN_REASONING[options.reasoning_parser])
     tools = HermesToolParser() if options.tool_parser is not None and options.tools_enabled else None
-    return ParserChain(reasoning, tools)
+    return ParserChain(reasoning, tools, max_calls=options.max_function_calls if tools else None)
+
+
+def call_end_tag(tool_parser: str) -> str:
+    """The text that ends a call in the format of ``tool_parser`` (a per-request stop point)."""
+    if tool_parser not in TOOL_PARSERS:
+        raise UnknownParserError(f"unknown tool parser {tool_parser!r}")
+    return CALL_CLOSE
+
+
+def forced_call_prefix(reasoning_parser: str | None, tool_parser: str, function_name: str | None) -> str:
+    """The text an answer must start with to be a call (of ``function_name``, or of any function).
+
+    Where generation starts inside reasoning (the template opened ``<think>``), the
+    reasoning is closed first: a call is answer text.
+    """
+    if tool_parser not in TOOL_PARSERS:
+        raise UnknownParserError(f"unknown tool parser {tool_parser!r}")
+    if reasoning_parser is not None and reasoning_parser not in REASONING_PARSERS:
+        raise UnknownParserError(f"unknown reasoning parser {reasoning_parser!r}")
+    close_reasoning = THINK_CLOSE + "\n\n" if _STARTS_IN_REASONING.get(reasoning_parser or "") else ""
+    return close_reasoning + forced_call_opening(function_name)

@@ -41,13 +41,18 @@ class HermesToolParser:
 
     def __init__(self) -> None:
         self._buffer = ""
+        self._offset = 0
+        """Where the buffer starts in the text fed so far (text segments say where they come from)."""
         self._in_call = False
+        self._open_at = 0
+        """Where the open block's ``<tool_call>`` starts."""
         self._scanned = 0
         """In a block: how much of the buffer is known to hold no ``</tool_call>``."""
         self._run_has_text = False
         """Whether the current text run (since the start or the last call) showed a visible character."""
         self._held_whitespace = ""
         """The current run's text while it is whitespace only."""
+        self._held_at = 0
         self._after_call = False
 
     def feed(self, text: str) -> list[Segment]:
@@ -67,11 +72,12 @@ class HermesToolParser:
         out: list[Segment] = []
         if self._in_call:
             self._in_call = False
-            self._text(out, CALL_OPEN + self._buffer)
+            self._text(out, CALL_OPEN + self._buffer, self._open_at)
         else:
-            self._text(out, self._buffer)
+            self._text(out, self._buffer, self._offset)
         if self._held_whitespace and not self._after_call:
-            out.append(TextSegment(self._held_whitespace))
+            out.append(TextSegment(self._held_whitespace, start=self._held_at))
+        self._offset += len(self._buffer)
         self._buffer = ""
         self._run_has_text = False
         self._held_whitespace = ""
@@ -89,18 +95,19 @@ class HermesToolParser:
                 self._scanned = max(0, len(self._buffer) - len(CALL_CLOSE) + 1)
                 return False
             body = self._buffer[:end]
-            self._buffer = self._buffer[end + len(CALL_CLOSE) :]
+            self._advance(end + len(CALL_CLOSE))
             self._in_call = False
             self._close_block(out, body)
             return True
         start = self._buffer.find(CALL_OPEN)
         if start < 0:
-            keep = partial_tag_length(self._buffer, (CALL_OPEN,))
-            self._text(out, self._buffer[: len(self._buffer) - keep])
-            self._buffer = self._buffer[len(self._buffer) - keep :]
+            release = len(self._buffer) - partial_tag_length(self._buffer, (CALL_OPEN,))
+            self._text(out, self._buffer[:release], self._offset)
+            self._advance(release)
             return False
-        self._text(out, self._buffer[:start])
-        self._buffer = self._buffer[start + len(CALL_OPEN) :]
+        self._text(out, self._buffer[:start], self._offset)
+        self._open_at = self._offset + start
+        self._advance(start + len(CALL_OPEN))
         self._in_call = True
         self._scanned = 0
         return True
@@ -108,7 +115,7 @@ class HermesToolParser:
     def _close_block(self, out: list[Segment], body: str) -> None:
         call = parse_call(body)
         if call is None:
-            self._text(out, CALL_OPEN + body + CALL_CLOSE)
+            self._text(out, CALL_OPEN + body + CALL_CLOSE, self._open_at)
             return
         # Whitespace-only text right before a call is dropped with it.
         self._held_whitespace = ""
@@ -116,17 +123,40 @@ class HermesToolParser:
         self._run_has_text = False
         self._after_call = True
 
-    def _text(self, out: list[Segment], text: str) -> None:
+    def _advance(self, length: int) -> None:
+        """Drop ``length`` characters from the buffer's head."""
+        self._buffer = self._buffer[length:]
+        self._offset += length
+
+    def _text(self, out: list[Segment], text: str, start: int) -> None:
+        """Release ``text``, found at offset ``start`` of the input, as answer text."""
         if not text:
             return
         if not self._run_has_text:
+            if self._held_whitespace:
+                # The held whitespace ends where `text` starts: the two are one slice.
+                start = self._held_at
             text = self._held_whitespace + text
             if text.isspace():
                 self._held_whitespace = text
+                self._held_at = start
                 return
             self._held_whitespace = ""
             self._run_has_text = True
-        out.append(TextSegment(text))
+        out.append(TextSegment(text, start=start))
+
+
+def forced_call_opening(name: str | None) -> str:
+    """The start of a call, for a model that must call: of any function, or of ``name``.
+
+    It ends where the model's own tokens would start a new pre-token (after ``"`` or
+    after ``":``), so the model continues it with the tokens it would have chosen
+    had it written the opening itself.
+    """
+    opening = CALL_OPEN + '\n{"name": "'
+    if name is None:
+        return opening
+    return opening + json.dumps(name, ensure_ascii=False)[1:-1] + '", "arguments":'
 
 
 def _reject_constant(name: str) -> Any:

@@ -167,12 +167,13 @@ class ReasoningParser:
         """Classify and release ``text`` (the buffer's head) in the current mode."""
         if not text:
             return
+        start = self.resolved
         if self._mode is _Mode.REASONING:
             self._consume(len(text), reasoning=True)
             self._reasoning_text(out, text)
         else:
             self._consume(len(text), reasoning=False)
-            self._answer_text(out, text)
+            self._answer_text(out, text, start)
 
     def _reasoning_text(self, out: list[Segment], text: str) -> None:
         text = self._held_whitespace + text
@@ -185,13 +186,15 @@ class ReasoningParser:
             self._block_has_text = True
             out.append(ReasoningSegment(body))
 
-    def _answer_text(self, out: list[Segment], text: str) -> None:
+    def _answer_text(self, out: list[Segment], text: str, start: int) -> None:
         if self._strip_answer:
-            text = text.lstrip()
+            stripped = text.lstrip()
+            start += len(text) - len(stripped)
+            text = stripped
             if not text:
                 return
             self._strip_answer = False
-        out.append(TextSegment(text))
+        out.append(TextSegment(text, start=start))
 
     def _end_block(self) -> None:
         self._block_has_text = False
@@ -226,15 +229,20 @@ class ReasoningTokenCounter:
         self.count = 0
         """Reasoning tokens among those settled so far."""
         self._offset = 0
-        self._tokens: deque[Span] = deque()
+        self._tokens: deque[tuple[int, int, bool]] = deque()
+        """(start, end, sampled) of each token not settled yet."""
         self._spans: deque[Span] = deque()
 
-    def add_token(self, text_length: int) -> None:
-        """The next output token, by the length of the text it decoded to."""
+    def add_token(self, text_length: int, *, sampled: bool = True) -> None:
+        """The next output token, by the length of the text it decoded to.
+
+        A token the model did not sample (forced into the answer by the API) takes
+        its place in the output but is never counted: usage counts sampled tokens.
+        """
         start = self._offset
         self._offset += text_length
         # An empty token stands for the next character: give it a width of one.
-        self._tokens.append((start, max(self._offset, start + 1)))
+        self._tokens.append((start, max(self._offset, start + 1), sampled))
 
     def settle(self, spans: list[Span], resolved: int) -> None:
         """Count the tokens that lie before ``resolved``, given the new reasoning ``spans``."""
@@ -248,10 +256,10 @@ class ReasoningTokenCounter:
         while self._tokens:
             self._count(self._tokens.popleft())
 
-    def _count(self, token: Span) -> None:
-        start, end = token
+    def _count(self, token: tuple[int, int, bool]) -> None:
+        start, end, sampled = token
         # Spans that end before this token cannot reach any later token either.
         while self._spans and self._spans[0][1] <= start:
             self._spans.popleft()
-        if self._spans and self._spans[0][0] < end:
+        if sampled and self._spans and self._spans[0][0] < end:
             self.count += 1

@@ -1,0 +1,162 @@
+"""What a request asks of generation besides its messages: tools, tool_choice, thinking, logprobs.
+
+Every option is either enforced or refused with a 400 naming it; none is ignored.
+
+- ``tools`` are offered to the chat template (``{"type": "function", "function":
+  {name, description, parameters}}``) when a tool parser is configured; without one
+  the server could only return the model's call markup as text, so it refuses them.
+- ``tool_choice``: ``none`` offers no tools and keeps any call markup as text;
+  ``auto`` lets the model choose; ``required`` and ``{"type": "function", "name"}``
+  prefill the assistant turn with the opening of a call (of any function, or of the
+  named one; ``required`` with a single tool names it), so the model can only go on
+  with a call. The prefill is part of the answer: the post-processor parses it as
+  output. It constrains how the answer starts, not the arguments (no grammar).
+- ``parallel_tool_calls: false``: the answer ends after its first call; where the
+  call's closing tag is a single token, generation stops right there too.
+- ``reasoning.effort``: Qwen3-style templates read ``enable_thinking``; ``none``
+  turns thinking off, any other effort on. A template without the switch cannot
+  turn reasoning off, so ``none`` is refused when reasoning is parsed.
+- ``include: ["message.output_text.logprobs"]`` needs a GPU worker that computes
+  logprobs (``RESQ_LOGPROBS``), which its model card says.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from api.errors import OpenAIError, invalid_value
+from api.schemas import CreateResponseRequest, FunctionTool, FunctionToolChoice
+from resq.catalog import ModelCard
+from resq.postprocess.parsers import call_end_tag, forced_call_prefix
+
+THINKING_SWITCH = "enable_thinking"
+"""The chat-template variable Qwen3-style templates read to turn reasoning on or off."""
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    """How the request's tools, choice, thinking and logprobs shape the prompt and the parse."""
+
+    template_tools: list[dict[str, Any]] | None = None
+    """Tools for the chat template; None: none offered."""
+    tools_enabled: bool = False
+    """Whether the post-processor turns call markup into function calls."""
+    forced_prefix: str = ""
+    """Text appended to the prompt that the answer must start with."""
+    stop_after: str | None = None
+    """Text after which generation may stop (the end of the one call allowed)."""
+    max_calls: int | None = None
+    template_context: dict[str, Any] = field(default_factory=dict)
+    logprobs: bool = False
+
+
+def unsupported(message: str, param: str) -> OpenAIError:
+    """A 400 for something the request asks that this server cannot do."""
+    return OpenAIError(400, message, param=param, code="unsupported_parameter")
+
+
+def _functions(request: CreateResponseRequest) -> list[FunctionTool]:
+    # Built-in tools are refused by validation: every tool left is a function.
+    return [tool for tool in request.tools or [] if isinstance(tool, FunctionTool)]
+
+
+def _template_tool(tool: FunctionTool) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": tool.name}
+    if tool.description is not None:
+        function["description"] = tool.description
+    function["parameters"] = tool.parameters or {"type": "object", "properties": {}}
+    return {"type": "function", "function": function}
+
+
+def _forced_function(request: CreateResponseRequest, functions: list[FunctionTool]) -> str | None:
+    """The function the answer must call, if the choice names one (or only one is offered)."""
+    choice = request.tool_choice
+    if isinstance(choice, FunctionToolChoice):
+        names = [tool.name for tool in functions]
+        if choice.name not in names:
+            raise invalid_value(
+                f"tool_choice names the function {choice.name!r}, which is not in tools "
+                f"({', '.join(repr(name) for name in names)}).",
+                "tool_choice",
+            )
+        return choice.name
+    return functions[0].name if len(functions) == 1 else None
+
+
+def plan_tools(
+    request: CreateResponseRequest, tool_parser: str | None, reasoning_parser: str | None
+) -> GenerationPlan:
+    """The tool part of the plan (400 for what cannot be honoured)."""
+    functions = _functions(request)
+    choice = request.tool_choice or "auto"
+    if choice == "none":
+        return GenerationPlan()
+    forcing = choice == "required" or isinstance(choice, FunctionToolChoice)
+    if not functions:
+        if forcing:
+            raise invalid_value(
+                "tool_choice asks for a function call, but the request has no tools.", "tool_choice"
+            )
+        return GenerationPlan()
+    if tool_parser is None:
+        raise unsupported(
+            "This server has no tool-call parser configured (RESQ_TOOL_PARSER), so it cannot return "
+            "function calls; send the request without tools, or with tool_choice 'none'.",
+            "tools",
+        )
+    forced_prefix = ""
+    if forcing:
+        forced_prefix = forced_call_prefix(
+            reasoning_parser, tool_parser, _forced_function(request, functions)
+        )
+    single_call = request.parallel_tool_calls is False
+    return GenerationPlan(
+        template_tools=[_template_tool(tool) for tool in functions],
+        tools_enabled=True,
+        forced_prefix=forced_prefix,
+        stop_after=call_end_tag(tool_parser) if single_call else None,
+        max_calls=1 if single_call else None,
+    )
+
+
+def thinking_context(
+    request: CreateResponseRequest, card: ModelCard, reasoning_parser: str | None
+) -> dict[str, Any]:
+    """Chat-template variables for ``reasoning.effort``."""
+    effort = request.reasoning.effort if request.reasoning else None
+    if effort is None:
+        return {}
+    if THINKING_SWITCH in card.chat_template:
+        return {THINKING_SWITCH: effort != "none"}
+    if effort == "none" and reasoning_parser is not None:
+        raise unsupported(
+            "reasoning.effort 'none' cannot be honoured: this model's chat template has no switch "
+            f"({THINKING_SWITCH}) to turn reasoning off.",
+            "reasoning.effort",
+        )
+    return {}
+
+
+def wants_logprobs(request: CreateResponseRequest, card: ModelCard) -> bool:
+    """Whether to return logprobs (400 when asked and the GPU worker does not compute them)."""
+    if not request.wants_logprobs:
+        return False
+    if not card.logprobs:
+        raise unsupported(
+            "This server's GPU worker does not compute logprobs (RESQ_LOGPROBS is off), so "
+            "include 'message.output_text.logprobs' cannot be served.",
+            "include",
+        )
+    return True
+
+
+def plan_generation(
+    request: CreateResponseRequest, card: ModelCard, tool_parser: str | None, reasoning_parser: str | None
+) -> GenerationPlan:
+    """Everything the request asks of generation besides its messages."""
+    return replace(
+        plan_tools(request, tool_parser, reasoning_parser),
+        template_context=thinking_context(request, card, reasoning_parser),
+        logprobs=wants_logprobs(request, card),
+    )

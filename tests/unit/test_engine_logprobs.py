@@ -1,0 +1,114 @@
+"""The GPU worker's engine on the fixture model (CPU): raw-distribution logprobs and per-request stops."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+from transformers.generation.continuous_batching.requests import GenerationOutput
+
+from gpu_worker.engine import Engine
+from gpu_worker.model_loading import LoadedModel, load_model
+from gpu_worker.raw_logprobs import chosen_token_logprobs
+from resq.settings import Settings
+from resq.wire import GenerationJob
+from tests.fixture_model import ensure_fixture_model, scenario
+from tests.fixture_model.build import _prompt_ids
+
+
+@pytest.fixture(scope="module")
+def loaded() -> LoadedModel:
+    return load_model(Settings(model=str(ensure_fixture_model()), device="cpu"))
+
+
+@pytest.fixture(scope="module")
+def engine(loaded: LoadedModel) -> Iterator[Engine]:
+    settings = Settings(model=str(ensure_fixture_model()), device="cpu", kv_cache_tokens=4096, logprobs=True)
+    started = Engine(loaded, settings)
+    started.start()
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+def prompt(loaded: LoadedModel, name: str) -> list[int]:
+    return _prompt_ids(loaded.tokenizer, scenario(name))  # type: ignore[arg-type]
+
+
+def free_prompt(loaded: LoadedModel) -> list[int]:
+    """A prompt the fixture was not trained on: its continuation is far from certain."""
+    messages = [{"role": "user", "content": "Describe a zebra in many words."}]
+    text = loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert isinstance(text, str)
+    return list(loaded.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def job(response_id: str, prompt_ids: list[int], **options: object) -> GenerationJob:
+    fields: dict[str, object] = {"max_output_tokens": 40, "temperature": 0.0, "top_p": 1.0, **options}
+    return GenerationJob.model_validate(
+        {"response_id": response_id, "model": "fixture", "prompt_token_ids": prompt_ids, **fields}
+    )
+
+
+def generate(engine: Engine, job: GenerationJob, timeout_s: float = 120) -> GenerationOutput:
+    assert engine.acquire_slot(5)
+    try:
+        engine.add(job)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for output in engine.next_outputs(0.5):
+                if output.request_id == job.response_id and output.is_finished():
+                    return output
+        raise TimeoutError(job.response_id)
+    finally:
+        engine.release_slot()
+
+
+def reference_logprobs(loaded: LoadedModel, prompt_ids: list[int], generated: list[int]) -> list[float]:
+    """The model's own log-probabilities of ``generated`` after ``prompt_ids``, by one forward pass."""
+    ids = torch.tensor([prompt_ids + generated])
+    with torch.no_grad():
+        logits = loaded.model(input_ids=ids).logits[0].float()
+    rows = logits[len(prompt_ids) - 1 : len(prompt_ids) - 1 + len(generated)]
+    return torch.log_softmax(rows, dim=-1).gather(1, torch.tensor(generated)[:, None]).squeeze(1).tolist()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_logprobs_are_the_models_not_the_samplers(
+    engine: Engine, loaded: LoadedModel, temperature: float
+) -> None:
+    prompt_ids = free_prompt(loaded)
+    output = generate(
+        engine,
+        job(f"resp_logprobs_{temperature}", prompt_ids, temperature=temperature, top_p=0.5, logprobs=True),
+    )
+    generated = list(output.generated_tokens)
+    assert len(output.logprobs) == len(generated) > 5
+    expected = reference_logprobs(loaded, prompt_ids, generated)
+    assert output.logprobs == pytest.approx(expected, abs=2e-3)
+    # The sampler's own distribution (top-k 1 when greedy, a narrow nucleus otherwise) would make
+    # every token read 0.0; the model is not that sure of all of this free continuation.
+    assert min(output.logprobs) < -0.1
+
+
+def test_chosen_token_logprobs_equal_log_softmax() -> None:
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    tokens = torch.tensor([4, 0, 49], dtype=torch.int32)
+    expected = torch.log_softmax(logits, dim=-1)[torch.arange(3), tokens.long()]
+    assert torch.allclose(chosen_token_logprobs(logits, tokens), expected, atol=1e-6)
+
+
+def test_a_request_stop_token_ends_generation_there(engine: Engine, loaded: LoadedModel) -> None:
+    close = loaded.tokenizer.convert_tokens_to_ids("</tool_call>")
+    assert isinstance(close, int)
+    prompt_ids = prompt(loaded, "two_tool_calls")
+    free = generate(engine, job("resp_free", prompt_ids, max_output_tokens=200))
+    assert free.generated_tokens.count(close) == 2
+    stopping = job("resp_stopped", prompt_ids, max_output_tokens=200, stop_token_ids=[close])
+    stopped = generate(engine, stopping)
+    assert stopped.generated_tokens[-1] == close
+    assert stopped.generated_tokens == free.generated_tokens[: len(stopped.generated_tokens)]
+    assert engine.end_tokens(stopping) == sorted(engine.eos_token_ids | {close})
