@@ -12,7 +12,8 @@ import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from resq.catalog import ModelCatalog
-from resq.postprocess.runner import HANDED_OVER, run_postprocess
+from resq.postprocess.observed import postprocess_response
+from resq.postprocess.runner import HANDED_OVER
 from resq.recovery.leases import PostprocessLeases
 from resq.redis_client import sync_redis
 from resq.settings import Settings
@@ -63,7 +64,7 @@ class PostprocessService:
 
     def _run_held(self, response_id: str) -> str:
         try:
-            status = run_postprocess(
+            status = postprocess_response(
                 self._redis,
                 self._catalog,
                 self._settings,
