@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from celery import Celery
+from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
 from api.inline import InlinePostprocessor
@@ -15,7 +17,12 @@ from api.store import ResponseStore
 from resq import keys
 from resq.catalog import AsyncModelCatalog
 from resq.celery_app import make_celery
-from resq.redis_client import async_redis
+from resq.heartbeat import new_worker_id
+from resq.recovery import generations
+from resq.recovery.dispatch import send_generation
+from resq.recovery.leases import register_lease
+from resq.recovery.reaper import Reaper
+from resq.redis_client import async_redis, sync_redis
 from resq.settings import Settings
 
 
@@ -29,6 +36,9 @@ class AppState:
     store: ResponseStore
     celery: Celery
     inline: InlinePostprocessor | None
+    # Finds lost work (dead GPU workers, dead post-processors, lost messages); see resq.recovery.
+    reaper_redis: Redis
+    reaper: Reaper
     # Celery's publisher is blocking: it runs on a few threads, off the event loop.
     publisher_pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=4, thread_name_prefix="celery-publish")
@@ -36,15 +46,29 @@ class AppState:
 
     @classmethod
     def build(cls, settings: Settings) -> AppState:
-        """Clients for ``settings``; nothing connects until first use."""
+        """Clients for ``settings`` (nothing connects until first use), and a running reaper."""
         redis = async_redis(settings.redis_url)
+        celery = make_celery(settings)
+        holder_id = new_worker_id("api")
+        inline = InlinePostprocessor(settings, holder_id) if settings.postprocess_workers == 0 else None
+        reaper_redis = sync_redis(settings.redis_url)
+        reaper = Reaper(
+            reaper_redis,
+            settings,
+            holder_id,
+            send_generation=lambda response_id: send_generation(celery, response_id),
+            take_over_postprocessing=inline.take_over_lapsed if inline is not None else None,
+        )
+        reaper.start()
         return cls(
             settings=settings,
             redis=redis,
             catalog=AsyncModelCatalog(redis),
             store=ResponseStore(redis, settings.transient_ttl_s),
-            celery=make_celery(settings),
-            inline=InlinePostprocessor(settings) if settings.postprocess_workers == 0 else None,
+            celery=celery,
+            inline=inline,
+            reaper_redis=reaper_redis,
+            reaper=reaper,
         )
 
     async def send_task(self, name: str, queue: str, kwargs: dict[str, Any]) -> None:
@@ -53,6 +77,22 @@ class AppState:
         await loop.run_in_executor(
             self.publisher_pool, lambda: self.celery.send_task(name, kwargs=kwargs, queue=queue)
         )
+
+    async def track_for_recovery(self, response_id: str) -> None:
+        """List a new response with the reaper, before anything else of it is written.
+
+        If this process dies at any point after this, the reaper finds the response:
+        its generation job or its post-processor is dispatched again.
+        """
+        pipe = self.redis.pipeline(transaction=False)
+        generations.track(pipe, response_id, time.time())
+        register_lease(pipe, response_id, self.settings.postprocess_lease_s)
+        await pipe.execute()
+
+    async def dispatch_generation(self, response_id: str) -> None:
+        """Send the generation message of a staged job without blocking the event loop."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self.publisher_pool, send_generation, self.celery, response_id)
 
     async def start_postprocessing(self, response_id: str) -> None:
         """Hand the response to a post-process worker, or to the inline post-processor."""
@@ -63,7 +103,9 @@ class AppState:
 
     async def close(self) -> None:
         """Release everything."""
+        self.reaper.stop()
         if self.inline is not None:
             self.inline.close()
         self.publisher_pool.shutdown(wait=False)
+        self.reaper_redis.close()
         await self.redis.aclose()

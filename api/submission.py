@@ -22,6 +22,7 @@ from resq.events import types
 from resq.events.emitter import EncodedEvent, EventEmitter
 from resq.logs import bind_response_id
 from resq.options import ProcessingOptions
+from resq.recovery import generations
 from resq.wire import GenerationJob
 
 log = logging.getLogger(__name__)
@@ -202,8 +203,20 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
     # continuation keeps working when an earlier response expires or is deleted.
     input_record = {"items": own_items, "conversation": conversation}
 
+    job = GenerationJob(
+        response_id=response_id,
+        model=model,
+        prompt_token_ids=prompt_ids,
+        max_output_tokens=limit,
+        temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
+        top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
+        stop_token_ids=stop_token_ids(tokenizer, plan),
+        logprobs=plan.logprobs,
+    )
+
     created_json = jsonutil.dumps(created)
     ttl = settings.transient_ttl_s
+    await state.track_for_recovery(response_id)
     pipe = state.redis.pipeline(transaction=True)
     pipe.hset(
         keys.record(response_id),
@@ -226,20 +239,11 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
         )
     pipe.expire(keys.events(response_id), ttl)
     pipe.set(keys.input_items(response_id), jsonutil.dumps(input_record), ex=ttl)
+    generations.stage(pipe, job, ttl, int(time.time() * 1000))
     await pipe.execute()
 
-    job = GenerationJob(
-        response_id=response_id,
-        model=model,
-        prompt_token_ids=prompt_ids,
-        max_output_tokens=limit,
-        temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
-        top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
-        stop_token_ids=stop_token_ids(tokenizer, plan),
-        logprobs=plan.logprobs,
-    )
     await state.start_postprocessing(response_id)
-    await state.send_task(keys.GENERATE_TASK, keys.GENERATE_QUEUE, {"job": job.model_dump()})
+    await state.dispatch_generation(response_id)
     log.info(
         "accepted: %d prompt tokens, at most %d new, stream=%s", len(prompt_ids), limit, bool(request.stream)
     )

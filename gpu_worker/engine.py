@@ -100,10 +100,10 @@ class Engine:
         with torch.inference_mode():
             self._manager.start()
 
-    def stop(self) -> None:
-        """Stop the engine thread (pending requests fail)."""
+    def stop(self, hard: bool = False) -> None:
+        """Stop the engine thread; ``hard`` drops the requests still running instead of finishing them."""
         if self._manager.is_running():
-            self._manager.stop(block=True, timeout=10)
+            self._manager.stop(block=True, timeout=10, hard_stop=hard)
 
     def is_running(self) -> bool:
         """Whether the engine thread is alive."""

@@ -10,6 +10,8 @@ import threading
 import time
 
 from celery import Celery
+from celery.signals import worker_shutting_down
+from redis import Redis
 
 from gpu_worker import metrics
 from gpu_worker.engine import Engine
@@ -17,14 +19,16 @@ from gpu_worker.model_loading import load_model
 from gpu_worker.publisher import TokenPublisher
 from gpu_worker.service import GenerationService
 from resq import keys
-from resq.catalog import register_model
+from resq.catalog import ModelCard, register_model
 from resq.celery_app import make_celery
 from resq.heartbeat import Heartbeat, new_worker_id
 from resq.logs import response_context
 from resq.metrics import serve_worker_metrics
+from resq.recovery.dispatch import send_generation
+from resq.recovery.generations import Generations
+from resq.recovery.reaper import Reaper
 from resq.redis_client import sync_redis
 from resq.settings import Settings
-from resq.wire import GenerationJob
 
 log = logging.getLogger(__name__)
 
@@ -32,11 +36,12 @@ log = logging.getLogger(__name__)
 def register_generate_task(app: Celery, service: GenerationService) -> None:
     """Bind the ``resq.generate`` task of ``app`` to ``service``."""
 
-    @app.task(name=keys.GENERATE_TASK, ignore_result=True)  # type: ignore[untyped-decorator]
-    def generate(job: dict[str, object]) -> None:
-        parsed = GenerationJob.model_validate(job)
-        with response_context(parsed.response_id):
-            service.submit(parsed)
+    # Acknowledged late: while this worker waits for room in its engine, the next message
+    # stays in the queue (visible to the reaper, and free for an idle worker to take).
+    @app.task(name=keys.GENERATE_TASK, ignore_result=True, acks_late=True)  # type: ignore[untyped-decorator]
+    def generate(response_id: str) -> None:
+        with response_context(response_id):
+            service.submit(response_id)
 
 
 def _watch_engine(publisher: TokenPublisher) -> None:
@@ -65,7 +70,9 @@ def run(settings: Settings) -> None:
 
     engine = Engine(loaded, settings)
     engine.start()
-    publisher = TokenPublisher(redis, engine, settings.transient_ttl_s)
+    generations = Generations(redis, settings.transient_ttl_s)
+    app = make_celery(settings)
+    publisher = TokenPublisher(redis, engine, generations, dispatch=lambda rid: send_generation(app, rid))
     publisher.start()
     metrics.watch_engine(lambda: publisher.active_count, settings.max_batch)
     serve_worker_metrics(settings)
@@ -84,12 +91,19 @@ def run(settings: Settings) -> None:
             "max_batch": settings.max_batch,
             "pid": os.getpid(),
         },
+        # A Redis restarted without its data has forgotten the served models: publish again.
+        on_beat=lambda: _ensure_registered(redis, loaded.card, loaded.tokenizer_json),
     )
     heartbeat.start()
     threading.Thread(target=_watch_engine, args=(publisher,), name="engine-watch", daemon=True).start()
 
-    app = make_celery(settings)
-    register_generate_task(app, GenerationService(redis, engine, publisher))
+    service = GenerationService(
+        redis, engine, publisher, generations, worker_id, dispatch=lambda rid: send_generation(app, rid)
+    )
+    register_generate_task(app, service)
+    worker_shutting_down.connect(lambda **_: service.stopping.set(), weak=False)
+    reaper = Reaper(redis, settings, worker_id, send_generation=lambda rid: send_generation(app, rid))
+    reaper.start()
     log.info("GPU worker %s serving %r; consuming queue %r", worker_id, loaded.card.name, keys.GENERATE_QUEUE)
     try:
         app.worker_main(
@@ -106,8 +120,17 @@ def run(settings: Settings) -> None:
             ]
         )
     finally:
-        heartbeat.stop()
+        reaper.stop()
         _drain(publisher, settings.shutdown_grace_s)
         publisher.stop()
-        engine.stop()
-        publisher.fail_remaining("The GPU worker shut down before the response finished.")
+        # What did not finish in the grace period resumes on another GPU worker (or on this
+        # one when it comes back), from the tokens already published: no need to finish it here.
+        publisher.hand_back_remaining(lambda rid: send_generation(app, rid))
+        engine.stop(hard=True)
+        heartbeat.stop()
+
+
+def _ensure_registered(redis: Redis, card: ModelCard, tokenizer_json: str) -> None:
+    if not redis.hexists(keys.MODELS, card.name):
+        log.warning("model %r was not registered in Redis (restarted?); registering it again", card.name)
+        register_model(redis, card, tokenizer_json)

@@ -1,17 +1,24 @@
 """Publishing engine output to Redis, one pipelined round trip per engine step.
 
 A thread of its own drains the engine's output queue: the new tokens of every
-active request go out as ``XADD``s in one pipeline, and the same round trip asks
-whether any active request was cancelled (client gone, ``POST .../cancel``), so
-cancellation costs no extra trip and the GPU stops spending steps within one
-step of the flag appearing.
+active request go out as fenced appends (:mod:`resq.recovery.generations`) in
+one pipeline, and the same round trip asks whether any active request was
+cancelled (client gone, ``POST .../cancel``), so cancellation costs no extra
+trip and the GPU stops spending steps within one step of the flag appearing.
+
+An append is refused when this worker no longer holds the job's claim (the
+reaper took it away while this worker looked dead): the request is cancelled in
+the engine, and the worker that claimed it since carries on. When Redis does not
+answer, the engine's latest outputs wait here and go out once it does: outputs
+are cumulative, and appends are exactly-once, so nothing is lost or doubled.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from redis import Redis
@@ -21,7 +28,15 @@ from gpu_worker import metrics
 from gpu_worker.engine import Engine
 from resq import keys
 from resq.logs import about
-from resq.wire import FinishEntry, FinishReason, StartEntry, TokensEntry, encode_entry
+from resq.recovery.generations import (
+    ALREADY_APPENDED,
+    APPENDED,
+    OUT_OF_ORDER,
+    Fence,
+    Generations,
+    Resumption,
+)
+from resq.wire import FinishEntry, FinishReason, StartEntry, TokensEntry
 
 log = logging.getLogger(__name__)
 
@@ -31,21 +46,33 @@ IDLE_WAIT_S = 0.05
 
 @dataclass
 class _Tracked:
+    fence: Fence
     prompt_tokens: int
+    offset: int
+    """Tokens a lost worker generated before this claim (a resumed request)."""
     end_tokens: frozenset[int]
     """Tokens whose appearance last means the request stopped (rather than hit its limit)."""
     logprobs: bool = False
     published: int = 0
+    """Tokens of this worker's engine output already appended."""
+
+    @property
+    def total(self) -> int:
+        return self.offset + self.published
 
 
 class TokenPublisher:
     """Moves tokens from the engine to the responses' token streams."""
 
-    def __init__(self, redis: Redis, engine: Engine, stream_ttl_s: int) -> None:
+    def __init__(
+        self, redis: Redis, engine: Engine, generations: Generations, dispatch: Callable[[str], None]
+    ) -> None:
         self._redis = redis
         self._engine = engine
-        self._stream_ttl_s = stream_ttl_s
+        self._generations = generations
+        self._dispatch = dispatch
         self._tracked: dict[str, _Tracked] = {}
+        self._pending: dict[str, GenerationOutput] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="token-publisher", daemon=True)
@@ -56,27 +83,27 @@ class TokenPublisher:
     def start_request(
         self,
         response_id: str,
-        prompt_tokens: int,
+        fence: Fence,
+        plan: Resumption,
         stop_token_ids: Iterable[int] = (),
         logprobs: bool = False,
     ) -> None:
-        """Track a request the engine is about to take, and publish its start entry."""
+        """Track a request the engine is about to take, and publish its start entry if missing."""
         end_tokens = self._engine.eos_token_ids | frozenset(stop_token_ids)
+        tracked = _Tracked(fence, plan.prompt_tokens, plan.already_generated, end_tokens, logprobs)
         with self._lock:
-            self._tracked[response_id] = _Tracked(prompt_tokens, end_tokens, logprobs)
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.xadd(keys.tokens(response_id), encode_entry(StartEntry(prompt_tokens)))
-        pipe.expire(keys.tokens(response_id), self._stream_ttl_s)
-        pipe.execute()
+            self._tracked[response_id] = tracked
+        if plan.publish_start:
+            pipe = self._redis.pipeline(transaction=False)
+            self._generations.publish(pipe, response_id, fence, StartEntry(plan.prompt_tokens), 0)
+            pipe.execute()
 
-    def finish_unstarted(
-        self, response_id: str, prompt_tokens: int, reason: FinishReason, error: str | None
-    ) -> None:
+    def finish_unstarted(self, response_id: str, fence: Fence, entry: FinishEntry) -> None:
         """Publish the end of a request that never reached the engine."""
         pipe = self._redis.pipeline(transaction=False)
-        pipe.xadd(keys.tokens(response_id), encode_entry(FinishEntry(reason, prompt_tokens, 0, error)))
-        pipe.expire(keys.tokens(response_id), self._stream_ttl_s)
-        pipe.execute()
+        self._generations.publish(pipe, response_id, fence, entry, entry.output_tokens)
+        if pipe.execute()[0] in (APPENDED, ALREADY_APPENDED):
+            self._generations.forget(response_id)
 
     def forget(self, response_id: str) -> None:
         """Stop tracking a request the engine refused."""
@@ -99,9 +126,19 @@ class TokenPublisher:
         self._stop.set()
         self._thread.join(timeout=5)
 
-    def fail_remaining(self, message: str) -> None:
-        """End every request still tracked with an error (the worker is going away)."""
-        self._fail_all(message)
+    def hand_back_remaining(self, dispatch: Callable[[str], None]) -> None:
+        """Give every request still tracked back for another GPU worker to resume (shutting down)."""
+        with self._lock:
+            tracked = dict(self._tracked)
+            self._tracked.clear()
+        now_ms = int(time.time() * 1000)
+        for response_id, state in tracked.items():
+            try:
+                if self._generations.hand_back(response_id, state.fence, now_ms):
+                    dispatch(response_id)
+                    log.info("handed %s back after %d tokens", response_id, state.total)
+            except Exception:  # the reaper re-dispatches whatever this misses
+                log.warning("could not hand %s back", response_id, exc_info=True)
 
     # --- the publishing loop -------------------------------------------------------------------
 
@@ -109,7 +146,9 @@ class TokenPublisher:
         while not self._stop.is_set():
             try:
                 outputs = self._engine.next_outputs(IDLE_WAIT_S)
-                self._publish(outputs)
+                for output in outputs:  # outputs are cumulative: the last one per request says it all
+                    self._pending[output.request_id] = output
+                self._publish()
                 if not self._engine.is_running() and not self._stop.is_set():
                     self._fail_all("The generation engine stopped unexpectedly.")
                     self.fatal_error = RuntimeError("engine thread died")
@@ -120,60 +159,85 @@ class TokenPublisher:
                 if self._stop.is_set():
                     self.fatal_error = exc
 
-    def _publish(self, outputs: list[GenerationOutput]) -> None:
-        latest: dict[str, GenerationOutput] = {}
-        for output in outputs:  # outputs are cumulative: the last one per request says it all
-            latest[output.request_id] = output
+    def _publish(self) -> None:
         with self._lock:
-            active = list(self._tracked)
-        if not latest and not active:
+            active = dict(self._tracked)
+        if not self._pending and not active:
             return
         pipe = self._redis.pipeline(transaction=False)
-        ended: list[str] = []
-        published = 0
-        for response_id, output in latest.items():
-            tracked = self._tracked.get(response_id)
-            if tracked is None:  # cancelled meanwhile; its end is already published
+        appends: list[tuple[str, int]] = []  # (response id, tokens it adds; -1 for a finish entry)
+        finishing: dict[str, FinishEntry] = {}
+        for response_id, output in self._pending.items():
+            tracked = active.get(response_id)
+            if tracked is None:  # cancelled or fenced off meanwhile; its end is handled
                 continue
-            new_tokens = output.generated_tokens[tracked.published :]
-            # NOMKSTREAM: a response deleted mid-generation must not get its stream back
-            # (without a TTL); its start entry created the stream, nothing else may.
+            new_tokens = list(output.generated_tokens[tracked.published :])
             if new_tokens:
                 logprobs = None
                 if tracked.logprobs and len(output.logprobs) == len(output.generated_tokens):
                     logprobs = list(output.logprobs[tracked.published :])
-                pipe.xadd(
-                    keys.tokens(response_id),
-                    encode_entry(TokensEntry(list(new_tokens), logprobs)),
-                    nomkstream=True,
-                )
-                tracked.published += len(new_tokens)
-                published += len(new_tokens)
+                chunk = TokensEntry(new_tokens, logprobs)
+                self._generations.publish(pipe, response_id, tracked.fence, chunk, tracked.total)
+                appends.append((response_id, len(new_tokens)))
             if output.is_finished():
                 finish = self._finish_entry(output, tracked)
-                pipe.xadd(keys.tokens(response_id), encode_entry(finish), nomkstream=True)
+                self._generations.publish(pipe, response_id, tracked.fence, finish, finish.output_tokens)
+                appends.append((response_id, -1))
+                finishing[response_id] = finish
+        checked = [response_id for response_id in active if response_id not in finishing]
+        for response_id in checked:
+            pipe.exists(keys.cancel(response_id))
+        results = pipe.execute()
+        self._pending.clear()  # everything in it is published, or belongs to no tracked request
+        ended: list[str] = []
+        lost: set[str] = set()
+        diverged: set[str] = set()
+        published = 0
+        for (response_id, count), result in zip(appends, results, strict=False):
+            if result == OUT_OF_ORDER:
+                diverged.add(response_id)
+            elif result not in (APPENDED, ALREADY_APPENDED):
+                lost.add(response_id)
+            elif count >= 0:
+                active[response_id].published += count
+                published += count
+            else:
                 ended.append(response_id)
+                finish = finishing[response_id]
                 log.info(
                     "generation ended: %s, %d tokens",
                     finish.finish_reason,
                     finish.output_tokens,
                     extra=about(response_id),
                 )
-        checked = [response_id for response_id in active if response_id not in ended]
-        for response_id in checked:
-            pipe.exists(keys.cancel(response_id))
-        results = pipe.execute()
         metrics.note_published(published)
         for response_id in ended:
             self._end(response_id)
+        if ended:
+            self._forget_ended(ended)
+        lost -= diverged
+        if lost:
+            log.warning("no longer own %s (taken over); cancelling here", ", ".join(sorted(lost)))
+            self._abandon(sorted(lost))
+        if diverged:
+            self._restart_from_stream(sorted(diverged), active)
+        flags = results[len(appends) :]
         cancelled = [
-            rid for rid, flag in zip(checked, results[len(results) - len(checked) :], strict=True) if flag
+            rid
+            for rid, flag in zip(checked, flags, strict=True)
+            if flag and rid not in lost and rid not in ended
         ]
         if cancelled:
             self._cancel(cancelled)
 
+    def _forget_ended(self, response_ids: list[str]) -> None:
+        pipe = self._redis.pipeline(transaction=False)
+        for response_id in response_ids:
+            pipe.zrem(keys.GENERATIONS, response_id)
+        pipe.execute()
+
     def _finish_entry(self, output: GenerationOutput, tracked: _Tracked) -> FinishEntry:
-        generated = len(output.generated_tokens)
+        generated = tracked.offset + len(output.generated_tokens)
         if output.status == RequestStatus.FAILED or output.error is not None:
             return FinishEntry("error", tracked.prompt_tokens, generated, output.error or "generation failed")
         last = output.generated_tokens[-1] if output.generated_tokens else None
@@ -186,30 +250,45 @@ class TokenPublisher:
         if removed is not None:
             self._engine.release_slot()
 
-    def _cancel(self, response_ids: list[str]) -> None:
-        pipe = self._redis.pipeline(transaction=False)
+    def _restart_from_stream(self, response_ids: list[str], active: dict[str, _Tracked]) -> None:
+        # The stream holds fewer tokens than this worker appended: Redis lost its latest
+        # writes (restarted without them). Resume from what the stream really holds.
+        log.warning("token streams of %s lost appends; resuming them from Redis", ", ".join(response_ids))
+        self._abandon(response_ids)
+        now_ms = int(time.time() * 1000)
         for response_id in response_ids:
-            tracked = self._tracked.get(response_id)
-            if tracked is None:
-                continue
+            if self._generations.hand_back(response_id, active[response_id].fence, now_ms):
+                self._dispatch(response_id)
+
+    def _abandon(self, response_ids: list[str]) -> None:
+        for response_id in response_ids:
             self._engine.cancel(response_id)
-            entry = FinishEntry("cancelled", tracked.prompt_tokens, tracked.published)
-            pipe.xadd(keys.tokens(response_id), encode_entry(entry), nomkstream=True)
-            log.info("cancelled %s after %d tokens", response_id, tracked.published, extra=about(response_id))
-        pipe.execute()
-        for response_id in response_ids:
             self._end(response_id)
+
+    def _cancel(self, response_ids: list[str]) -> None:
+        with self._lock:
+            tracked = {rid: self._tracked[rid] for rid in response_ids if rid in self._tracked}
+        pipe = self._redis.pipeline(transaction=False)
+        for response_id, state in tracked.items():
+            self._engine.cancel(response_id)
+            entry = FinishEntry("cancelled", state.prompt_tokens, state.total)
+            self._generations.publish(pipe, response_id, state.fence, entry, state.total)
+            log.info("cancelled %s after %d tokens", response_id, state.total, extra=about(response_id))
+        pipe.execute()
+        for response_id in tracked:
+            self._end(response_id)
+        if tracked:
+            self._forget_ended(list(tracked))
 
     def _fail_all(self, message: str) -> None:
         with self._lock:
             tracked = dict(self._tracked)
         pipe = self._redis.pipeline(transaction=False)
         for response_id, state in tracked.items():
-            pipe.xadd(
-                keys.tokens(response_id),
-                encode_entry(FinishEntry("error", state.prompt_tokens, state.published, message)),
-                nomkstream=True,
-            )
+            entry = FinishEntry("error", state.prompt_tokens, state.total, message)
+            self._generations.publish(pipe, response_id, state.fence, entry, state.total)
         pipe.execute()
         for response_id in tracked:
             self._end(response_id)
+        if tracked:
+            self._forget_ended(list(tracked))

@@ -1,8 +1,11 @@
-"""Admission of generation jobs into the engine."""
+"""Admission of generation jobs into the engine: claim, resume, wait for room, add."""
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections.abc import Callable
 
 from redis import Redis
 
@@ -10,7 +13,8 @@ from gpu_worker import metrics
 from gpu_worker.engine import Engine, EngineStoppedError
 from gpu_worker.publisher import TokenPublisher
 from resq import keys
-from resq.wire import GenerationJob
+from resq.recovery.generations import Fence, Generations, Resumption, plan_resume
+from resq.wire import FinishEntry
 
 log = logging.getLogger(__name__)
 
@@ -21,35 +25,88 @@ SLOT_POLL_S = 0.25
 class GenerationService:
     """Takes a job from the queue into the engine once the engine has room for it."""
 
-    def __init__(self, redis: Redis, engine: Engine, publisher: TokenPublisher) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        engine: Engine,
+        publisher: TokenPublisher,
+        generations: Generations,
+        worker_id: str,
+        dispatch: Callable[[str], None],
+    ) -> None:
         self._redis = redis
         self._engine = engine
         self._publisher = publisher
+        self._generations = generations
+        self._worker_id = worker_id
+        self._dispatch = dispatch
+        self.stopping = threading.Event()
+        """Set when the worker begins to shut down: a job waiting for room is handed back."""
 
-    def submit(self, job: GenerationJob) -> None:
-        """Admit ``job``, blocking while the engine is full.
+    def submit(self, response_id: str) -> None:
+        """Claim the job of ``response_id`` and admit it, blocking while the engine is full.
 
-        Blocking keeps the job's message in the broker's hands rather than this
-        worker's, so an idle GPU worker elsewhere takes the next one.
+        A job that already produced tokens (its previous GPU worker was lost) resumes:
+        the prompt plus the tokens already published become the new prompt, and the
+        engine generates what remains of the budget. Blocking keeps the next message
+        in the broker's hands rather than this worker's, so an idle GPU worker
+        elsewhere takes it.
         """
-        prompt_tokens = len(job.prompt_token_ids)
-        while not self._engine.acquire_slot(SLOT_POLL_S):
-            if self._redis.exists(keys.cancel(job.response_id)):
-                self._publisher.finish_unstarted(job.response_id, prompt_tokens, "cancelled", None)
-                return
-        if self._redis.exists(keys.cancel(job.response_id)):
-            self._engine.release_slot()
-            self._publisher.finish_unstarted(job.response_id, prompt_tokens, "cancelled", None)
+        claim = self._generations.claim(response_id, self._worker_id)
+        if claim.fence is None or claim.job is None:
+            log.info("not generating %s: %s", response_id, claim.outcome)
+            if claim.outcome != "owned":
+                self._generations.forget(response_id)
             return
-        self._publisher.start_request(
-            job.response_id, prompt_tokens, job.stop_token_ids, job.logprobs and self._engine.logprobs
-        )
-        metrics.PROMPT_TOKENS.inc(prompt_tokens)
-        log.info("generation started: %d prompt tokens, at most %d new", prompt_tokens, job.max_output_tokens)
-        try:
-            self._engine.add(job)
-        except (EngineStoppedError, ValueError, TypeError) as exc:
-            log.error("engine refused %s: %s", job.response_id, exc)
-            self._publisher.forget(job.response_id)
+        fence = claim.fence
+        end_tokens = frozenset(self._engine.end_tokens(claim.job))
+        plan = plan_resume(claim.job, self._generations.progress(response_id), end_tokens)
+        if isinstance(plan, FinishEntry):
+            # The lost worker had generated everything; only its finish entry was missing.
+            self._publisher.finish_unstarted(response_id, fence, plan)
+            return
+        if plan.already_generated:
+            log.info(
+                "resuming %s after %d tokens (claim %d)", response_id, plan.already_generated, fence.epoch
+            )
+        while not self._engine.acquire_slot(SLOT_POLL_S):
+            if self._cancelled(response_id):
+                self._finish_cancelled(response_id, fence, plan)
+                return
+            if self.stopping.is_set():
+                # Shutting down with a full engine: another GPU worker (or this one, restarted) takes it.
+                if self._generations.hand_back(response_id, fence, int(time.time() * 1000)):
+                    self._dispatch(response_id)
+                return
+        if self._cancelled(response_id):
             self._engine.release_slot()
-            self._publisher.finish_unstarted(job.response_id, prompt_tokens, "error", str(exc))
+            self._finish_cancelled(response_id, fence, plan)
+            return
+        self._admit(response_id, fence, plan)
+
+    def _cancelled(self, response_id: str) -> bool:
+        return bool(self._redis.exists(keys.cancel(response_id)))
+
+    def _finish_cancelled(self, response_id: str, fence: Fence, plan: Resumption) -> None:
+        entry = FinishEntry("cancelled", plan.prompt_tokens, plan.already_generated)
+        self._publisher.finish_unstarted(response_id, fence, entry)
+
+    def _admit(self, response_id: str, fence: Fence, plan: Resumption) -> None:
+        job = plan.job
+        self._publisher.start_request(
+            response_id, fence, plan, job.stop_token_ids, job.logprobs and self._engine.logprobs
+        )
+        metrics.PROMPT_TOKENS.inc(len(job.prompt_token_ids) if not plan.already_generated else 0)
+        log.info(
+            "generation started: %d prompt tokens, at most %d new",
+            len(job.prompt_token_ids),
+            job.max_output_tokens,
+        )
+        try:
+            self._engine.add(plan.job)
+        except (EngineStoppedError, ValueError, TypeError) as exc:
+            log.error("engine refused %s: %s", response_id, exc)
+            self._publisher.forget(response_id)
+            self._engine.release_slot()
+            entry = FinishEntry("error", plan.prompt_tokens, plan.already_generated, str(exc))
+            self._publisher.finish_unstarted(response_id, fence, entry)

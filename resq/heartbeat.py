@@ -38,6 +38,7 @@ class Heartbeat:
         interval_s: float,
         ttl_s: float,
         details: Callable[[], dict[str, Any]] | None = None,
+        on_beat: Callable[[], None] | None = None,
     ) -> None:
         self._redis = redis
         self._members_key = members_key
@@ -46,6 +47,7 @@ class Heartbeat:
         self._interval_s = interval_s
         self._ttl_s = ttl_s
         self._details = details or dict
+        self._on_beat = on_beat
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{role}", daemon=True)
 
@@ -74,6 +76,8 @@ class Heartbeat:
         pipe.zremrangebyscore(self._members_key, "-inf", now - 10 * self._ttl_s)
         pipe.set(self._info_key, jsonutil.dumps(self._details()), ex=max(1, int(self._ttl_s)))
         pipe.execute()
+        if self._on_beat is not None:
+            self._on_beat()
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):

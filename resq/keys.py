@@ -32,6 +32,23 @@ GPU_WORKERS = f"{PREFIX}:workers:gpu"
 POSTPROCESS_WORKERS = f"{PREFIX}:workers:postprocess"
 """Sorted set: post-process worker id -> unix time of its last heartbeat."""
 
+GENERATIONS = f"{PREFIX}:generations"
+"""Sorted set: response id -> unix time it was accepted, for every generation not yet ended.
+
+The reaper walks it to find generations whose GPU worker died or whose job was lost.
+"""
+
+# The two post-process lease keys share the hash tag ``{leases}``, so that the scripts
+# that update both stay legal on a Redis Cluster.
+POSTPROCESS_LEASES = f"{PREFIX}:{{leases}}:postprocess"
+"""Sorted set: response id -> when its post-processing lease lapses (Redis time, ms)."""
+
+POSTPROCESS_LEASE_HOLDERS = f"{PREFIX}:{{leases}}:postprocess:holders"
+"""Hash: response id -> id of the post-processor holding its lease (empty: not yet taken)."""
+
+REAPER_LOCK = f"{PREFIX}:reaper:lock"
+"""String: held (with a short expiry) by the process running the current reaper pass."""
+
 
 def tokenizer(sha256: str) -> str:
     """String: a ``tokenizer.json`` by content hash (shared by all models that use it)."""
@@ -74,6 +91,11 @@ def cancel(response_id: str) -> str:
     return _response(response_id, "cancel")
 
 
+def generation(response_id: str) -> str:
+    """Hash: the generation job, which GPU worker owns it, and its fencing epoch."""
+    return _response(response_id, "generation")
+
+
 def all_keys(response_id: str) -> tuple[str, ...]:
     """Every key of one response (what ``DELETE`` removes)."""
     return (
@@ -82,6 +104,7 @@ def all_keys(response_id: str) -> tuple[str, ...]:
         record(response_id),
         input_items(response_id),
         cancel(response_id),
+        generation(response_id),
     )
 
 

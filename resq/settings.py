@@ -132,6 +132,43 @@ class Settings(BaseSettings):
         10.0, gt=0, description="A worker whose last heartbeat is older than this counts as gone."
     )
 
+    # --- recovery ------------------------------------------------------------------------------
+    postprocess_lease_s: float = Field(
+        10.0,
+        gt=0,
+        description=(
+            "Lease of a post-processor on a response, renewed every third of it; when it lapses "
+            "(the owner died) another post-processor takes the response over."
+        ),
+    )
+    reaper_interval_s: float = Field(
+        1.0, gt=0, description="Seconds between passes of the reaper that finds lost work."
+    )
+    dispatch_timeout_s: float = Field(
+        15.0,
+        gt=0,
+        description=(
+            "A generation job that no GPU worker has claimed and that is not waiting in the "
+            "`generate` queue counts as lost after this long and is dispatched again."
+        ),
+    )
+    gpu_lost_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description=(
+            "A response whose GPU worker was lost (or that no live GPU worker can take) fails with "
+            "`server_error` when no GPU worker resumes it within this long."
+        ),
+    )
+    gpu_max_losses: int = Field(
+        3,
+        ge=1,
+        description=(
+            "A response whose GPU worker was lost this many times fails instead of resuming again "
+            "(guards against a request that brings down every worker it reaches)."
+        ),
+    )
+
     # --- operations ----------------------------------------------------------------------------
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
     log_format: Literal["text", "json"] = Field(

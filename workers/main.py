@@ -1,8 +1,10 @@
 """``resq postprocess-worker``: consume the ``postprocess`` queue with a pool of threads.
 
-Each task owns one response from its first token to its terminal event; the
-threads spend most of their time blocked on Redis, so one process serves many
-responses, and several processes share the CPU work.
+Each task owns one response from its first token to its terminal event, under a
+lease (:mod:`resq.recovery.leases`); the threads spend most of their time
+blocked on Redis, so one process serves many responses, and several processes
+share the CPU work. The worker's reaper adopts the responses of post-processors
+that died, and takes its turn at reaping lost generations.
 """
 
 from __future__ import annotations
@@ -14,25 +16,24 @@ import socket
 from celery import Celery
 
 from resq import keys
-from resq.catalog import ModelCatalog
 from resq.celery_app import make_celery
 from resq.heartbeat import Heartbeat, new_worker_id
 from resq.metrics import serve_worker_metrics
-from resq.postprocess.observed import postprocess_response
+from resq.postprocess.service import PostprocessService
+from resq.recovery.dispatch import send_generation
+from resq.recovery.reaper import Reaper
 from resq.redis_client import sync_redis
 from resq.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
-def register_postprocess_task(app: Celery, settings: Settings) -> None:
-    """Bind the ``resq.postprocess`` task of ``app``."""
-    redis = sync_redis(settings.redis_url)
-    catalog = ModelCatalog(redis)
+def register_postprocess_task(app: Celery, service: PostprocessService) -> None:
+    """Bind the ``resq.postprocess`` task of ``app`` to ``service``."""
 
     @app.task(name=keys.POSTPROCESS_TASK, ignore_result=True)  # type: ignore[untyped-decorator]
     def postprocess(response_id: str) -> str:
-        return postprocess_response(redis, catalog, settings, response_id)
+        return service.run(response_id)
 
 
 def run(settings: Settings) -> None:
@@ -49,9 +50,19 @@ def run(settings: Settings) -> None:
         details=lambda: {"pid": os.getpid(), "concurrency": settings.postprocess_concurrency},
     )
     app = make_celery(settings)
-    register_postprocess_task(app, settings)
+    service = PostprocessService(settings, worker_id)
+    register_postprocess_task(app, service)
     serve_worker_metrics(settings)
+    reaper = Reaper(
+        redis,
+        settings,
+        worker_id,
+        send_generation=lambda response_id: send_generation(app, response_id),
+        take_over_postprocessing=service.take_over_lapsed,
+    )
     heartbeat.start()
+    service.start()
+    reaper.start()
     log.info("post-process worker %s consuming queue %r", worker_id, keys.POSTPROCESS_QUEUE)
     try:
         app.worker_main(
@@ -68,4 +79,6 @@ def run(settings: Settings) -> None:
             ]
         )
     finally:
+        reaper.stop()
+        service.close()
         heartbeat.stop()

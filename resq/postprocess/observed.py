@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from redis import Redis
 
@@ -18,11 +19,17 @@ CRASHED = "crashed"
 """Status label of a post-processor that raised (its response is left to recovery)."""
 
 
-def postprocess_response(redis: Redis, catalog: ModelCatalog, settings: Settings, response_id: str) -> str:
+def postprocess_response(
+    redis: Redis,
+    catalog: ModelCatalog,
+    settings: Settings,
+    response_id: str,
+    keep_going: Callable[[], bool] | None = None,
+) -> str:
     """:func:`run_postprocess` for ``response_id``, every log line tagged with it, and counted."""
     with response_context(response_id), metrics.ACTIVE.track_inprogress():
         try:
-            status = run_postprocess(redis, catalog, settings, response_id)
+            status = run_postprocess(redis, catalog, settings, response_id, keep_going)
         except BaseException:
             metrics.RESPONSES.labels(CRASHED).inc()
             raise

@@ -10,6 +10,7 @@ nothing and duplicates nothing when another one takes over.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from redis import Redis
@@ -103,8 +104,22 @@ def _fail_before_processing(
     return status
 
 
-def run_postprocess(redis: Redis, catalog: ModelCatalog, settings: Settings, response_id: str) -> str:
-    """Post-process ``response_id`` to its terminal event; returns its final status."""
+HANDED_OVER = "handed-over"
+"""What :func:`run_postprocess` returns when it stopped because another post-processor took over."""
+
+
+def run_postprocess(
+    redis: Redis,
+    catalog: ModelCatalog,
+    settings: Settings,
+    response_id: str,
+    keep_going: Callable[[], bool] | None = None,
+) -> str:
+    """Post-process ``response_id`` to its terminal event; returns its final status.
+
+    ``keep_going`` is asked between reads: when it turns false (this process lost its
+    lease on the response) the call stops and returns :data:`HANDED_OVER`.
+    """
     created_json, options_json, store_flag = redis.hmget(
         keys.record(response_id), "created", "options", "store"
     )
@@ -136,6 +151,9 @@ def run_postprocess(redis: Redis, catalog: ModelCatalog, settings: Settings, res
     tokens_key = keys.tokens(response_id)
     last_id: bytes | str = "0-0"
     while True:
+        if keep_going is not None and not keep_going():
+            log.warning("post-processing of %s was taken over by another post-processor", response_id)
+            return HANDED_OVER
         entries = stream_entries(redis.xread({tokens_key: last_id}, count=READ_COUNT, block=READ_BLOCK_MS))
         if not entries:
             if not redis.exists(keys.record(response_id)):

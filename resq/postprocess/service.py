@@ -1,0 +1,91 @@
+"""Post-processing under leases: what a post-process worker and the inline API both run.
+
+Every post-processor runs while it holds the response's lease
+(:mod:`resq.recovery.leases`); the reaper of this process calls
+:meth:`PostprocessService.take_over_lapsed` to adopt the responses of
+post-processors that died, as long as this process has room for them.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from resq.catalog import ModelCatalog
+from resq.postprocess.observed import postprocess_response
+from resq.postprocess.runner import HANDED_OVER
+from resq.recovery.leases import PostprocessLeases
+from resq.redis_client import sync_redis
+from resq.settings import Settings
+
+log = logging.getLogger(__name__)
+
+OWNED_ELSEWHERE = "owned-elsewhere"
+"""What :meth:`PostprocessService.run` returns when a live post-processor already holds the response."""
+
+
+class PostprocessService:
+    """Runs post-processors of responses, each under its lease."""
+
+    def __init__(self, settings: Settings, holder_id: str) -> None:
+        self._settings = settings
+        self._redis = sync_redis(settings.redis_url)
+        self._catalog = ModelCatalog(self._redis)
+        self.leases = PostprocessLeases(self._redis, holder_id, settings.postprocess_lease_s)
+        self._capacity = settings.postprocess_concurrency
+        self._pool = ThreadPoolExecutor(max_workers=self._capacity, thread_name_prefix="postprocess")
+
+    def start(self) -> None:
+        """Start renewing leases."""
+        self.leases.start()
+
+    def run(self, response_id: str) -> str:
+        """Post-process ``response_id`` here, unless a live post-processor already does (blocking)."""
+        if not self.leases.take(response_id):
+            log.info("%s is post-processed elsewhere; nothing to do", response_id)
+            return OWNED_ELSEWHERE
+        return self._run_held(response_id)
+
+    def submit(self, response_id: str) -> Future[str]:
+        """Post-process ``response_id`` on this process's pool (the inline API)."""
+        future = self._pool.submit(self.run, response_id)
+        future.add_done_callback(_report)
+        return future
+
+    def take_over_lapsed(self) -> None:
+        """Adopt responses whose post-processor died, while this process has room."""
+        room = self._capacity - self.leases.held_count
+        if room <= 0:
+            return
+        for response_id in self.leases.lapsed(room):
+            if self.leases.take(response_id):
+                log.warning("taking over post-processing of %s (its post-processor is gone)", response_id)
+                self._pool.submit(self._run_held, response_id).add_done_callback(_report)
+
+    def _run_held(self, response_id: str) -> str:
+        try:
+            status = postprocess_response(
+                self._redis,
+                self._catalog,
+                self._settings,
+                response_id,
+                keep_going=lambda: self.leases.holds(response_id),
+            )
+        except BaseException:
+            # Keep the lease unreleased: it lapses, and a post-processor retries later.
+            self.leases.abandon(response_id)
+            raise
+        if status != HANDED_OVER:
+            self.leases.release(response_id)
+        return status
+
+    def close(self) -> None:
+        """Stop renewing and taking work; running post-processors finish (or lapse, if the process ends)."""
+        self.leases.stop()
+        self._pool.shutdown(wait=False, cancel_futures=False)
+
+
+def _report(future: Future[str]) -> None:
+    error = future.exception()
+    if error is not None:
+        log.error("post-processing failed", exc_info=error)

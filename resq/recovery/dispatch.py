@@ -1,0 +1,63 @@
+"""Generation messages: sending one, and seeing which responses have one waiting.
+
+A ``resq.generate`` message carries only the response id; the job itself is in
+the response's generation hash. Its Celery task id starts with the response id,
+so the reaper can tell a job that waits in the ``generate`` queue behind others
+(leave it) from one whose message was lost (send another).
+
+Reading the queue relies on how kombu's Redis transport stores it: a list named
+after the queue holding JSON envelopes whose ``headers.id`` is the task id (the
+test suite checks this against real Celery messages).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from celery import Celery
+from redis import Redis
+
+from resq import jsonutil, keys
+
+log = logging.getLogger(__name__)
+
+QUEUE_SCAN_PAGE = 1000
+
+
+def generation_task_id(response_id: str) -> str:
+    """A fresh Celery task id for a generation message of ``response_id``."""
+    return f"{response_id}/{uuid.uuid4().hex[:12]}"
+
+
+def send_generation(celery: Celery, response_id: str) -> None:
+    """Send one ``resq.generate`` message for ``response_id`` (blocking)."""
+    celery.send_task(
+        keys.GENERATE_TASK,
+        kwargs={"response_id": response_id},
+        queue=keys.GENERATE_QUEUE,
+        task_id=generation_task_id(response_id),
+    )
+
+
+def _response_id_of(message: bytes | str) -> str | None:
+    try:
+        task_id = jsonutil.loads(message)["headers"]["id"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return str(task_id).split("/", 1)[0] if isinstance(task_id, str) else None
+
+
+def queued_generations(redis: Redis) -> set[str]:
+    """Ids of the responses that have a message waiting in the ``generate`` queue."""
+    found: set[str] = set()
+    start = 0
+    while True:
+        page = redis.lrange(keys.GENERATE_QUEUE, start, start + QUEUE_SCAN_PAGE - 1)
+        for message in page:
+            response_id = _response_id_of(message)
+            if response_id is not None:
+                found.add(response_id)
+        if len(page) < QUEUE_SCAN_PAGE:
+            return found
+        start += QUEUE_SCAN_PAGE

@@ -1,0 +1,385 @@
+"""Which GPU worker owns a generation job, fenced by an epoch.
+
+The API stages the job in the response's generation hash (``keys.generation``)
+before it sends the Celery message; the message carries only the response id.
+A GPU worker *claims* the job, which bumps the epoch, and names ``(owner,
+epoch)`` on every token-stream append: a Lua script appends only while both
+still match. When the reaper finds the owner dead (no heartbeat), it releases
+the job, which fences the old owner off for good, and dispatches it again; the
+next claimant resumes from the tokens already in the stream.
+
+Hash fields:
+
+- ``job``: the :class:`~resq.wire.GenerationJob` JSON as accepted (original prompt and budget);
+- ``prompt_tokens``: the length of that prompt;
+- ``state``: ``pending`` until the finish entry is appended, then ``finished``
+  (or ``failed`` when the reaper ended it);
+- ``owner``: id of the GPU worker holding the claim, ``""`` while unowned;
+- ``epoch``: claims so far; ``losses``: owners found dead so far;
+- ``generated``: tokens appended so far; ``started``: ``1`` once the start entry is in;
+- ``unowned_since`` / ``dispatched_at``: unix ms when it last lost its owner (or was
+  accepted) and when its latest Celery message was sent.
+
+Times are the writers' clocks (like heartbeats): hosts are assumed NTP-synchronised
+to well within ``RESQ_WORKER_TTL_S``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from redis import Redis
+from redis.asyncio.client import Pipeline as AsyncPipeline
+from redis.client import Pipeline
+from redis.typing import EncodableT
+
+from resq import keys
+from resq.redis_types import StreamFields, range_entries
+from resq.wire import FinishEntry, GenerationJob, StartEntry, TokensEntry, TokenStreamEntry, decode_entry
+from resq.wire import encode_entry as encode_stream_entry
+
+PENDING: Final = "pending"
+APPENDED: Final = 1
+ALREADY_APPENDED: Final = 2
+FENCED_OFF: Final = 0
+OUT_OF_ORDER: Final = -1
+FINISHED: Final = "finished"
+FAILED: Final = "failed"
+
+CLAIM_LUA: Final = """
+-- KEYS[1] generation; ARGV[1] worker id. Returns {outcome, epoch, job}.
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then
+  return {'missing', 0, ''}
+end
+if state ~= 'pending' then
+  return {state, 0, ''}
+end
+if redis.call('HGET', KEYS[1], 'owner') ~= '' then
+  return {'owned', 0, ''}
+end
+local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'unowned_since', '')
+return {'claimed', epoch, redis.call('HGET', KEYS[1], 'job')}
+"""
+
+PUBLISH_LUA: Final = """
+-- KEYS: generation, tokens; ARGV: owner, epoch, TTL, kind, at, count, field/value pairs.
+-- Appends only for the current claim, and exactly once: a retried append (its reply was
+-- lost) finds its tokens already counted. Returns 1 appended, 2 already appended,
+-- 0 fenced off (the claim is no longer (owner, epoch), or the job ended), -1 out of order.
+if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] or redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[2] then
+  return 0
+end
+local kind = ARGV[4]
+local state = redis.call('HGET', KEYS[1], 'state')
+if state ~= 'pending' then
+  if state == 'finished' and kind == 'finish' then
+    return 2
+  end
+  return 0
+end
+if kind == 'tokens' then
+  local generated = tonumber(redis.call('HGET', KEYS[1], 'generated')) or 0
+  local at = tonumber(ARGV[5])
+  local count = tonumber(ARGV[6])
+  if generated ~= at then
+    if generated >= at + count then
+      return 2
+    end
+    return -1
+  end
+  redis.call('HSET', KEYS[1], 'generated', at + count)
+elseif kind == 'start' then
+  if redis.call('HGET', KEYS[1], 'started') == '1' then
+    return 2
+  end
+  redis.call('HSET', KEYS[1], 'started', '1')
+end
+redis.call('XADD', KEYS[2], '*', unpack(ARGV, 7))
+local ttl = tonumber(ARGV[3])
+redis.call('EXPIRE', KEYS[2], ttl)
+redis.call('EXPIRE', KEYS[1], ttl)
+if kind == 'finish' then
+  redis.call('HSET', KEYS[1], 'state', 'finished')
+end
+return 1
+"""
+
+UNCLAIM_LUA: Final = """
+-- KEYS[1] generation; ARGV: owner, epoch, now ms, counts as a loss ('1'/'0').
+-- Returns the losses so far, or -1 when the claim is no longer (owner, epoch).
+if redis.call('HGET', KEYS[1], 'state') ~= 'pending'
+   or redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1]
+   or redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[2] then
+  return -1
+end
+redis.call('HSET', KEYS[1], 'owner', '', 'unowned_since', ARGV[3], 'dispatched_at', ARGV[3])
+if ARGV[4] == '1' then
+  return redis.call('HINCRBY', KEYS[1], 'losses', 1)
+end
+return tonumber(redis.call('HGET', KEYS[1], 'losses'))
+"""
+
+REDISPATCHED_LUA: Final = """
+-- KEYS[1] generation; ARGV: epoch, now ms. Records a new message for a still unowned job.
+if redis.call('HGET', KEYS[1], 'state') ~= 'pending' or redis.call('HGET', KEYS[1], 'owner') ~= ''
+   or redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'dispatched_at', ARGV[2])
+return 1
+"""
+
+END_UNOWNED_LUA: Final = """
+-- KEYS: generation, tokens; ARGV: epoch, TTL, final state, field/value pairs of the finish entry.
+-- Ends a job nobody owns (no GPU worker came back, or it was cancelled meanwhile).
+if redis.call('HGET', KEYS[1], 'state') ~= 'pending' or redis.call('HGET', KEYS[1], 'owner') ~= ''
+   or redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then
+  return 0
+end
+redis.call('XADD', KEYS[2], '*', unpack(ARGV, 4))
+redis.call('EXPIRE', KEYS[2], tonumber(ARGV[2]))
+redis.call('HSET', KEYS[1], 'state', ARGV[3])
+return 1
+"""
+
+AnyPipeline = Pipeline | AsyncPipeline
+ClaimOutcome = Literal["claimed", "owned", "finished", "failed", "missing"]
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """The claim a GPU worker names on every append."""
+
+    owner: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What :meth:`Generations.claim` found."""
+
+    outcome: ClaimOutcome
+    fence: Fence | None = None
+    job: GenerationJob | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """What the token stream of a job already holds."""
+
+    started: bool
+    token_ids: list[int]
+    finished: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The fields the reaper decides on."""
+
+    state: str | None
+    owner: str
+    epoch: int
+    losses: int
+    prompt_tokens: int
+    generated: int
+    unowned_since_ms: int | None
+    dispatched_at_ms: int
+
+
+SNAPSHOT_FIELDS: Final = (
+    "state",
+    "owner",
+    "epoch",
+    "losses",
+    "prompt_tokens",
+    "generated",
+    "unowned_since",
+    "dispatched_at",
+)
+
+
+def stage(pipe: AnyPipeline, job: GenerationJob, ttl_s: int, now_ms: int) -> None:
+    """Queue the commands that record a new, unowned job (in the API's create transaction)."""
+    key = keys.generation(job.response_id)
+    pipe.hset(
+        key,
+        mapping={
+            "job": job.model_dump_json(),
+            "prompt_tokens": len(job.prompt_token_ids),
+            "state": PENDING,
+            "owner": "",
+            "epoch": 0,
+            "losses": 0,
+            "generated": 0,
+            "started": 0,
+            "unowned_since": now_ms,
+            "dispatched_at": now_ms,
+        },
+    )
+    pipe.expire(key, ttl_s)
+
+
+def track(pipe: AnyPipeline, response_id: str, now_s: float) -> None:
+    """Queue the command that puts a job on the reaper's list (before the job is staged)."""
+    pipe.zadd(keys.GENERATIONS, {response_id: now_s})
+
+
+def _flatten(fields: StreamFields) -> list[EncodableT]:
+    flat: list[EncodableT] = []
+    for name, value in fields.items():
+        flat += [name, value]
+    return flat
+
+
+def parse_snapshot(values: list[bytes | None]) -> Snapshot:
+    """A :class:`Snapshot` from ``HMGET`` of :data:`SNAPSHOT_FIELDS`."""
+    state, owner, epoch, losses, prompt_tokens, generated, unowned_since, dispatched_at = values
+    return Snapshot(
+        state=state.decode() if state is not None else None,
+        owner=(owner or b"").decode(),
+        epoch=int(epoch or 0),
+        losses=int(losses or 0),
+        prompt_tokens=int(prompt_tokens or 0),
+        generated=int(generated or 0),
+        unowned_since_ms=int(unowned_since) if unowned_since else None,
+        dispatched_at_ms=int(dispatched_at or 0),
+    )
+
+
+def read_progress(entries: list[TokenStreamEntry]) -> Progress:
+    """What a token stream's entries say about the job so far."""
+    started = False
+    token_ids: list[int] = []
+    finished = False
+    for entry in entries:
+        if isinstance(entry, StartEntry):
+            started = True
+        elif isinstance(entry, TokensEntry):
+            token_ids += entry.token_ids
+        elif isinstance(entry, FinishEntry):
+            finished = True
+    return Progress(started, token_ids, finished)
+
+
+class Generations:
+    """The ownership protocol of generation jobs, over a blocking client."""
+
+    def __init__(self, redis: Redis, ttl_s: int) -> None:
+        self._redis = redis
+        self._ttl_s = ttl_s
+        self._claim = redis.register_script(CLAIM_LUA)
+        self._publish = redis.register_script(PUBLISH_LUA)
+        self._unclaim = redis.register_script(UNCLAIM_LUA)
+        self._redispatched = redis.register_script(REDISPATCHED_LUA)
+        self._end_unowned = redis.register_script(END_UNOWNED_LUA)
+
+    # --- GPU worker ----------------------------------------------------------------------------
+
+    def claim(self, response_id: str, worker_id: str) -> Claim:
+        """Take the job for ``worker_id`` if nobody owns it and it has not ended."""
+        outcome, epoch, job_json = self._claim(keys=[keys.generation(response_id)], args=[worker_id])
+        name = outcome.decode()
+        if name != "claimed":
+            return Claim(name)
+        return Claim("claimed", Fence(worker_id, int(epoch)), GenerationJob.model_validate_json(job_json))
+
+    def progress(self, response_id: str) -> Progress:
+        """What the job's token stream holds (read after a claim: nobody else appends then)."""
+        entries = range_entries(self._redis.xrange(keys.tokens(response_id)))
+        return read_progress([decode_entry(fields) for _, fields in entries])
+
+    def publish(
+        self, pipe: Pipeline, response_id: str, fence: Fence, entry: TokenStreamEntry, at: int
+    ) -> None:
+        """Queue a fenced, exactly-once append on ``pipe`` (see :data:`PUBLISH_LUA` for its reply).
+
+        ``at`` is the number of tokens of the response generated before ``entry``.
+        """
+        if isinstance(entry, TokensEntry):
+            kind, count = "tokens", len(entry.token_ids)
+        else:
+            kind, count = ("start" if isinstance(entry, StartEntry) else "finish"), 0
+        self._publish(
+            keys=[keys.generation(response_id), keys.tokens(response_id)],
+            args=[
+                fence.owner,
+                fence.epoch,
+                self._ttl_s,
+                kind,
+                at,
+                count,
+                *_flatten(encode_stream_entry(entry)),
+            ],
+            client=pipe,
+        )
+
+    def hand_back(self, response_id: str, fence: Fence, now_ms: int) -> bool:
+        """Give an unfinished job back (the worker is stopping); True when it still held it."""
+        losses = self._unclaim(
+            keys=[keys.generation(response_id)], args=[fence.owner, fence.epoch, now_ms, "0"]
+        )
+        return int(losses) >= 0
+
+    # --- reaper --------------------------------------------------------------------------------
+
+    def release_lost(self, response_id: str, fence: Fence, now_ms: int) -> int | None:
+        """Take the job from a dead owner; the losses so far, or None when the claim changed."""
+        losses = int(
+            self._unclaim(keys=[keys.generation(response_id)], args=[fence.owner, fence.epoch, now_ms, "1"])
+        )
+        return losses if losses >= 0 else None
+
+    def mark_redispatched(self, response_id: str, epoch: int, now_ms: int) -> bool:
+        """Record a new message for an unowned job; False when it was claimed or ended meanwhile."""
+        return bool(self._redispatched(keys=[keys.generation(response_id)], args=[epoch, now_ms]))
+
+    def end_unowned(self, response_id: str, epoch: int, entry: FinishEntry) -> bool:
+        """Append the finish entry of a job nobody owns; False when it was claimed or ended meanwhile."""
+        state = FAILED if entry.finish_reason == "error" else FINISHED
+        return bool(
+            self._end_unowned(
+                keys=[keys.generation(response_id), keys.tokens(response_id)],
+                args=[epoch, self._ttl_s, state, *_flatten(encode_stream_entry(entry))],
+            )
+        )
+
+    def forget(self, response_id: str) -> None:
+        """Take an ended (or vanished) job off the reaper's list."""
+        self._redis.zrem(keys.GENERATIONS, response_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Resumption:
+    """How a claimed job enters the engine: from scratch, or after tokens a lost worker published."""
+
+    job: GenerationJob
+    """What the engine runs: the prompt plus the tokens already published, and the remaining budget."""
+    prompt_tokens: int
+    """The length of the original prompt (what the finish entry reports)."""
+    already_generated: int
+    """Tokens published before this claim; the engine's outputs come after them."""
+    publish_start: bool
+    """Whether the start entry is still missing from the token stream."""
+
+
+def plan_resume(
+    job: GenerationJob, progress: Progress, eos_token_ids: frozenset[int]
+) -> Resumption | FinishEntry:
+    """How to (re)start ``job`` given its stream, or the finish entry that is all it still lacks."""
+    prompt_tokens = len(job.prompt_token_ids)
+    already = len(progress.token_ids)
+    if already and progress.token_ids[-1] in eos_token_ids:
+        return FinishEntry("stop", prompt_tokens, already)
+    if already >= job.max_output_tokens:
+        return FinishEntry("length", prompt_tokens, already)
+    if already:
+        job = job.model_copy(
+            update={
+                "prompt_token_ids": job.prompt_token_ids + progress.token_ids,
+                "max_output_tokens": job.max_output_tokens - already,
+            }
+        )
+    return Resumption(job, prompt_tokens, already, not progress.started)

@@ -1,0 +1,518 @@
+"""Fault injection with real processes: kill -9 post-process workers, GPU workers and APIs
+mid-stream, pause a GPU worker into a zombie, lose a Celery message, restart Redis.
+
+Each test starts its own stack on a Redis server of its own (a free port), so that kills
+and restarts disturb nothing else, with recovery timeouts shortened through settings. Every
+test checks the stream invariants and compares the final Response with an uninterrupted
+greedy run of the same request, not only that nothing crashed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import redis
+from openai import OpenAI
+from openai.types.responses import Response
+
+from resq import keys
+from tests.e2e.conftest import MODEL
+from tests.fixture_model import scenario
+from tests.support.invariants import as_dict, check_stream, output_text
+from tests.support.processes import (
+    START_TIMEOUT_S,
+    ProcessGroup,
+    RoleProcess,
+    api_healthy,
+    free_port,
+    model_registered,
+    wait_until,
+)
+from tests.support.redis_server import PrivateRedis
+
+pytestmark = pytest.mark.e2e
+
+RECOVERY_ENV = {
+    "RESQ_HEARTBEAT_S": "0.3",
+    "RESQ_WORKER_TTL_S": "3",
+    "RESQ_POSTPROCESS_LEASE_S": "2",
+    "RESQ_REAPER_INTERVAL_S": "0.3",
+    "RESQ_DISPATCH_TIMEOUT_S": "3",
+    "RESQ_GPU_LOST_TIMEOUT_S": "8",
+    "RESQ_SHUTDOWN_GRACE_S": "2",
+}
+LONG_TOKENS = 150
+LONG = {"input": "Repeat forever.", "temperature": 0, "max_output_tokens": LONG_TOKENS}
+"""A greedy request long enough to be interrupted (the fixture model never ends it on its own)."""
+STOPPING_LONG = {**LONG, "max_output_tokens": 600}
+"""Longer: a worker asked to stop keeps generating until Celery's shutdown reaches the hand-back."""
+DELTAS_BEFORE_FAULT = 5
+RECOVERY_BOUND_S = 30.0
+"""A wide margin over the configured timeouts (seconds) for the bounds these tests measure."""
+
+
+@dataclass
+class FaultStack:
+    """Roles started on a private Redis; any of them can be killed, paused or added."""
+
+    redis_server: PrivateRedis
+    group: ProcessGroup
+    gpu_workers: list[RoleProcess] = field(default_factory=list)
+    postprocess_workers: list[RoleProcess] = field(default_factory=list)
+    apis: list[tuple[RoleProcess, str]] = field(default_factory=list)
+
+    @property
+    def redis(self) -> redis.Redis:
+        return self.redis_server.client()
+
+    def start_gpu_worker(self, wait: bool = True) -> RoleProcess:
+        worker = self.group.start("gpu-worker", f"gpu-{len(self.gpu_workers)}")
+        self.gpu_workers.append(worker)
+        if wait:
+            self.wait_for_gpu_worker(worker)
+        return worker
+
+    def wait_for_gpu_worker(self, worker: RoleProcess) -> None:
+        url = self.redis_server.url
+        wait_until(lambda: _gpu_beats(url, worker.process.pid), START_TIMEOUT_S, worker.name, [worker])
+
+    def start_postprocess_worker(self) -> RoleProcess:
+        worker = self.group.start("postprocess-worker", f"postprocess-{len(self.postprocess_workers)}")
+        self.postprocess_workers.append(worker)
+        return worker
+
+    def start_api(self, wait: bool = True) -> str:
+        port = free_port()
+        api = self.group.start("api", f"api-{len(self.apis)}", RESQ_PORT=str(port))
+        base_url = f"http://127.0.0.1:{port}"
+        self.apis.append((api, base_url))
+        if wait:
+            self.wait_for_api(len(self.apis) - 1)
+        return base_url
+
+    def wait_for_api(self, index: int) -> None:
+        api, base_url = self.apis[index]
+        watched = [api, *self.gpu_workers, *self.postprocess_workers]
+        wait_until(lambda: api_healthy(base_url), START_TIMEOUT_S, api.name, watched)
+
+    def client(self, index: int = 0) -> OpenAI:
+        return OpenAI(
+            base_url=f"{self.apis[index][1]}/v1",
+            api_key="sk-test",
+            max_retries=0,
+            timeout=120,
+            _strict_response_validation=True,
+        )
+
+    def role_of(self, worker_id: bytes | str) -> RoleProcess:
+        """The process a worker id (``role@host:pid``) names."""
+        text = worker_id.decode() if isinstance(worker_id, bytes) else worker_id
+        pid = int(text.rsplit(":", 1)[1])
+        roles = [*self.gpu_workers, *self.postprocess_workers, *(api for api, _ in self.apis)]
+        return next(role for role in roles if role.process.pid == pid)
+
+    def logs(self) -> str:
+        return "\n\n".join(f"--- {role.name} ---\n{role.log_tail(40)}" for role in self.group.processes)
+
+
+def _gpu_beats(redis_url: str, pid: int) -> bool:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        members = [member.decode() for member in client.zrange(keys.GPU_WORKERS, 0, -1)]
+        return model_registered(redis_url, MODEL) and any(m.endswith(f":{pid}") for m in members)
+    finally:
+        client.close()
+
+
+StackFactory = Callable[..., FaultStack]
+
+
+@pytest.fixture
+def make_stack(
+    tmp_path: Path, fixture_model_dir: Path, log_dir: Path, request: pytest.FixtureRequest
+) -> Iterator[StackFactory]:
+    """Build stacks on private Redis servers; everything is stopped at the end of the test."""
+    built: list[FaultStack] = []
+
+    def make(
+        gpu_workers: int = 1,
+        postprocess_workers: int = 0,
+        apis: int = 1,
+        append_only: bool = False,
+        **env: str,
+    ) -> FaultStack:
+        server = PrivateRedis(tmp_path / f"redis-{len(built)}", append_only=append_only)
+        server.start()
+        settings = {
+            "RESQ_REDIS_URL": server.url,
+            "RESQ_MODEL": str(fixture_model_dir),
+            "RESQ_MODEL_NAME": MODEL,
+            "RESQ_LOG_LEVEL": "info",
+            "RESQ_KV_CACHE_TOKENS": "16384",
+            "RESQ_POSTPROCESS_WORKERS": str(postprocess_workers),
+            **RECOVERY_ENV,
+            **env,
+        }
+        test_logs = log_dir / f"{request.node.name}-{len(built)}".replace("/", "_")
+        test_logs.mkdir(parents=True, exist_ok=True)
+        stack = FaultStack(server, ProcessGroup(test_logs, settings))
+        built.append(stack)
+        # Everything starts at once; then wait until each GPU worker beats and each API is healthy.
+        for _ in range(gpu_workers):
+            stack.start_gpu_worker(wait=False)
+        for _ in range(postprocess_workers):
+            stack.start_postprocess_worker()
+        for _ in range(apis):
+            stack.start_api(wait=False)
+        for worker in stack.gpu_workers:
+            stack.wait_for_gpu_worker(worker)
+        for index in range(apis):
+            stack.wait_for_api(index)
+        return stack
+
+    yield make
+    for stack in built:
+        stack.group.stop_all()
+        stack.redis_server.stop()
+
+
+def comparable(response: dict[str, Any]) -> dict[str, Any]:
+    """What two runs of one greedy request share (ids and timestamps differ by design)."""
+    return {
+        "status": response["status"],
+        "output": [{k: v for k, v in item.items() if k != "id"} for item in response["output"]],
+        "usage": response["usage"],
+        "error": response["error"],
+        "incomplete_details": response["incomplete_details"],
+    }
+
+
+class References:
+    """Final Responses of uninterrupted runs, computed once per request on a stack of their own."""
+
+    def __init__(self, client: OpenAI) -> None:
+        self._client = client
+        self._cache: dict[str, dict[str, Any]] = {}
+
+    def __call__(self, **request: Any) -> dict[str, Any]:
+        key = json.dumps(request, sort_keys=True)
+        if key not in self._cache:
+            with self._client.responses.create(model=MODEL, stream=True, **request) as events:
+                final = check_stream([as_dict(event) for event in events])
+            assert final["status"] == "incomplete"
+            assert final["usage"]["output_tokens"] == request["max_output_tokens"]
+            self._cache[key] = comparable(final)
+        return self._cache[key]
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory: pytest.TempPathFactory, fixture_model_dir: Path) -> Iterator[References]:
+    """Uninterrupted greedy runs (streamed, so their Responses are built the same way)."""
+    directory = tmp_path_factory.mktemp("reference")
+    server = PrivateRedis(directory / "redis")
+    server.start()
+    group = ProcessGroup(
+        directory,
+        {
+            "RESQ_REDIS_URL": server.url,
+            "RESQ_MODEL": str(fixture_model_dir),
+            "RESQ_MODEL_NAME": MODEL,
+            "RESQ_POSTPROCESS_WORKERS": "0",
+            "RESQ_KV_CACHE_TOKENS": "16384",
+        },
+    )
+    try:
+        gpu = group.start("gpu-worker", "gpu")
+        port = free_port()
+        api = group.start("api", "api", RESQ_PORT=str(port))
+        base_url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: api_healthy(base_url), START_TIMEOUT_S, "the reference stack", [gpu, api])
+        yield References(OpenAI(base_url=f"{base_url}/v1", api_key="sk-test", max_retries=0, timeout=300))
+    finally:
+        group.stop_all()
+        server.stop()
+
+
+def generation_field(client: redis.Redis, response_id: str, name: str) -> str | None:
+    value = client.hget(keys.generation(response_id), name)
+    return value.decode() if value is not None else None
+
+
+def count_deltas(events: list[dict[str, Any]]) -> int:
+    return sum(1 for event in events if event["type"] == "response.output_text.delta")
+
+
+def stream_with_fault(
+    client: OpenAI, fault: Callable[[str], None], **request: Any
+) -> tuple[list[dict[str, Any]], float]:
+    """Stream a response, calling ``fault(response_id)`` after a few deltas; the events and
+    the longest wait for an event after the fault (seconds)."""
+    events: list[dict[str, Any]] = []
+    faulted_at: float | None = None
+    longest_wait = 0.0
+    last = time.monotonic()
+    with client.responses.create(model=MODEL, stream=True, **request) as stream:
+        for event in stream:
+            now = time.monotonic()
+            if faulted_at is not None:
+                longest_wait = max(longest_wait, now - last)
+            last = now
+            events.append(as_dict(event))
+            if faulted_at is None and count_deltas(events) >= DELTAS_BEFORE_FAULT:
+                fault(events[0]["response"]["id"])
+                faulted_at = last = time.monotonic()
+    assert faulted_at is not None, "the response ended before the fault"
+    return events, longest_wait
+
+
+def stored_response(client: redis.Redis, response_id: str) -> dict[str, Any]:
+    """The Response in the store, as the SDK reads it."""
+    raw = client.hget(keys.record(response_id), "response")
+    assert raw is not None
+    return Response.model_validate(json.loads(raw)).model_dump(mode="json")
+
+
+# --- post-process workers ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["stream", "background"])
+def test_postprocess_worker_killed_mid_stream_is_taken_over(
+    make_stack: StackFactory, references: References, background: bool
+) -> None:
+    stack = make_stack(postprocess_workers=2)
+    r = stack.redis
+    seen: dict[str, Any] = {}
+
+    def kill_post_processor(response_id: str) -> None:
+        holder = r.hget(keys.POSTPROCESS_LEASE_HOLDERS, response_id)
+        assert holder, "no post-processor holds the response"
+        victim = stack.role_of(holder)
+        victim.kill()
+        seen.update(
+            victim=victim,
+            logged=r.xlen(keys.events(response_id)),
+            generated=int(generation_field(r, response_id, "generated") or 0),
+        )
+
+    events, longest_wait = stream_with_fault(
+        stack.client(), kill_post_processor, background=background, **LONG
+    )
+    final = check_stream(events, background=background)
+    response_id = final["id"]
+    assert not seen["victim"].alive()
+    assert seen["generated"] < LONG_TOKENS, "the generation had ended before the kill"
+    # Events past those logged at the kill were written by the post-processor that took over.
+    assert r.xlen(keys.events(response_id)) == len(events) > seen["logged"]
+    assert comparable(final) == references(**LONG), stack.logs()
+    assert comparable(stored_response(r, response_id)) == references(**LONG)
+    assert longest_wait < RECOVERY_BOUND_S, f"the stream stalled {longest_wait:.1f}s"
+    survivor = next(worker for worker in stack.postprocess_workers if worker.alive())
+    assert f"taking over post-processing of {response_id}" in survivor.log_tail(400)
+    assert r.zscore(keys.POSTPROCESS_LEASES, response_id) is None
+
+
+# --- GPU workers ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["kill", "pause", "term"])
+def test_gpu_worker_lost_mid_generation_resumes_on_another(
+    make_stack: StackFactory, references: References, fault: str
+) -> None:
+    """``kill``: SIGKILL. ``pause``: SIGSTOP past the worker TTL, then SIGCONT once another
+    worker resumed the response: the revived zombie must not append to the stream it lost.
+    ``term``: a graceful stop (no grace period) hands the response back at once."""
+    stack = make_stack(gpu_workers=2, RESQ_SHUTDOWN_GRACE_S="0")
+    request = STOPPING_LONG if fault == "term" else LONG
+    r = stack.redis
+    seen: dict[str, Any] = {}
+
+    def lose_gpu_worker(response_id: str) -> None:
+        owner = generation_field(r, response_id, "owner")
+        assert owner, "no GPU worker owns the response"
+        victim = stack.role_of(owner)
+        if fault == "kill":
+            victim.kill()
+        elif fault == "term":
+            victim.process.terminate()
+        else:
+            os.kill(victim.process.pid, signal.SIGSTOP)
+        seen.update(victim=victim, generated=int(generation_field(r, response_id, "generated") or 0))
+        wait_until(lambda: generation_field(r, response_id, "epoch") == "2", RECOVERY_BOUND_S, "a resume")
+        seen["resumed_after"] = time.monotonic()
+        if fault == "pause":
+            os.kill(victim.process.pid, signal.SIGCONT)
+
+    events, _ = stream_with_fault(stack.client(), lose_gpu_worker, **request)
+    final = check_stream(events)
+    response_id = final["id"]
+    assert 0 < seen["generated"] < request["max_output_tokens"], seen
+    assert comparable(final) == references(**request), stack.logs()
+    # A worker that stops gracefully hands its responses back: that is no loss.
+    assert generation_field(r, response_id, "losses") == ("0" if fault == "term" else "1")
+    assert generation_field(r, response_id, "state") == "finished"
+    survivor = next(worker for worker in stack.gpu_workers if worker is not seen["victim"])
+    assert f"resuming {response_id} after" in survivor.log_tail(400)
+    if fault == "term":
+        assert seen["victim"].process.wait(timeout=60) == 0
+        assert f"handed {response_id} back" in seen["victim"].log_tail(400)
+    if fault == "pause":
+        victim: RoleProcess = seen["victim"]
+        wait_until(lambda: "taken over" in victim.log_tail(400), RECOVERY_BOUND_S, "the zombie to notice")
+        assert victim.alive()
+
+
+def test_gpu_worker_killed_with_none_left_fails_the_response(
+    make_stack: StackFactory, references: References
+) -> None:
+    stack = make_stack(postprocess_workers=2)
+    r = stack.redis
+    killed_at: list[float] = []
+
+    def kill_gpu_worker(response_id: str) -> None:
+        stack.gpu_workers[0].kill()
+        killed_at.append(time.monotonic())
+
+    events, _ = stream_with_fault(stack.client(), kill_gpu_worker, background=True, **LONG)
+    ended_after = time.monotonic() - killed_at[0]
+    final = check_stream(events, background=True)
+    assert events[-1]["type"] == "response.failed"
+    assert final["status"] == "failed"
+    assert final["error"]["code"] == "server_error"
+    assert "lost" in final["error"]["message"]
+    expected_text = output_text({"output": references(**LONG)["output"]})
+    assert output_text(final) and expected_text.startswith(output_text(final))
+    assert final["output"][0]["status"] == "incomplete"
+    assert stored_response(r, final["id"])["status"] == "failed"
+    assert ended_after < 3 + 8 + RECOVERY_BOUND_S, f"failed only after {ended_after:.1f}s"
+
+    # A job no GPU worker can take fails too (never stuck in `queued`)...
+    with stack.client().responses.create(
+        model=MODEL, input="Say hello.", temperature=0, stream=True, background=True
+    ) as stream:
+        waiting = [as_dict(event) for event in stream]
+    never_started = check_stream(waiting, background=True)
+    assert [event["type"] for event in waiting] == ["response.created", "response.queued", "response.failed"]
+    assert never_started["error"]["code"] == "server_error"
+
+    # ...and once a GPU worker is back, new requests are served.
+    stack.start_gpu_worker()
+    answer = stack.client().responses.create(model=MODEL, input="Say hello.", temperature=0)
+    assert answer.output_text == scenario("hello").completion
+
+
+def test_a_restarted_gpu_worker_resumes_and_a_lost_message_is_sent_again(
+    make_stack: StackFactory, references: References
+) -> None:
+    stack = make_stack(RESQ_GPU_LOST_TIMEOUT_S="300")
+    r = stack.redis
+
+    def restart_gpu_worker(response_id: str) -> None:
+        stack.gpu_workers[0].kill()
+        stack.start_gpu_worker()
+
+    events, _ = stream_with_fault(stack.client(), restart_gpu_worker, **LONG)
+    final = check_stream(events)
+    assert comparable(final) == references(**LONG), stack.logs()
+    assert generation_field(r, final["id"], "epoch") == "2"
+
+    # No GPU worker runs while a response is accepted, and its Celery message is lost.
+    stack.gpu_workers[-1].stop()
+    with stack.client().responses.create(
+        model=MODEL, input="Say hello.", temperature=0, stream=True, background=True
+    ) as stream:
+        events = []
+        for event in stream:
+            events.append(as_dict(event))
+            if len(events) == 2:
+                assert r.delete(keys.GENERATE_QUEUE) == 1, "the message was not waiting in the queue"
+                stack.start_gpu_worker()
+    final = check_stream(events, background=True)
+    assert output_text(final) == scenario("hello").completion
+
+
+# --- API processes -------------------------------------------------------------------------------
+
+
+def test_api_killed_mid_stream_the_client_resumes_on_another(
+    make_stack: StackFactory, references: References
+) -> None:
+    """Inline post-processing: the killed API was also the response's post-processor."""
+    stack = make_stack(apis=2)
+    first, second = stack.client(0), stack.client(1)
+    events: list[dict[str, Any]] = []
+    with (
+        pytest.raises((openai.APIConnectionError, httpx.HTTPError)),
+        first.responses.create(model=MODEL, stream=True, background=True, **LONG) as stream,
+    ):
+        for event in stream:
+            events.append(as_dict(event))
+            if count_deltas(events) == DELTAS_BEFORE_FAULT:
+                stack.apis[0][0].kill()
+    assert events and events[-1]["type"] == "response.output_text.delta"
+    response_id = events[0]["response"]["id"]
+    with second.responses.retrieve(
+        response_id, stream=True, starting_after=events[-1]["sequence_number"]
+    ) as resumed:
+        events += [as_dict(event) for event in resumed]
+    final = check_stream(events, background=True)
+    assert comparable(final) == references(**LONG), stack.logs()
+    assert "taking over post-processing" in stack.apis[1][0].log_tail(400)
+
+
+# --- Redis ---------------------------------------------------------------------------------------
+
+
+def test_redis_restarted_with_aof_in_flight_responses_continue(
+    make_stack: StackFactory, references: References
+) -> None:
+    stack = make_stack(postprocess_workers=1, append_only=True)
+
+    def restart_redis(response_id: str) -> None:
+        stack.redis_server.restart(down_s=1.0)
+
+    events, longest_wait = stream_with_fault(stack.client(), restart_redis, **LONG)
+    final = check_stream(events)
+    assert comparable(final) == references(**LONG), stack.logs()
+    assert longest_wait < RECOVERY_BOUND_S
+    # Every role reconnected by itself: a new request goes through all of them.
+    answer = stack.client().responses.create(model=MODEL, input="Say hello.", temperature=0)
+    assert answer.output_text == scenario("hello").completion
+    assert all(role.alive() for role in stack.group.processes)
+
+
+def test_redis_restarted_without_its_data_processes_reconnect(make_stack: StackFactory) -> None:
+    stack = make_stack(postprocess_workers=1)
+    ended: list[str] = []
+
+    def restart_redis(response_id: str) -> None:
+        stack.redis_server.restart(down_s=1.0)
+
+    # The response in flight is gone with Redis's data: its stream ends (without a terminal
+    # event) instead of hanging, and no process is left working on it.
+    events: list[dict[str, Any]] = []
+    with stack.client().responses.create(model=MODEL, stream=True, **LONG) as stream:
+        for event in stream:
+            events.append(as_dict(event))
+            if count_deltas(events) == DELTAS_BEFORE_FAULT:
+                restart_redis(events[0]["response"]["id"])
+        ended.append(events[-1]["type"])
+    assert ended and ended[0] not in ("response.completed", "response.incomplete")
+
+    # The GPU worker registers its model again, every role beats again: the stack is healthy.
+    base_url = stack.apis[0][1]
+    wait_until(
+        lambda: api_healthy(base_url), RECOVERY_BOUND_S, "health after the restart", stack.group.processes
+    )
+    answer = stack.client().responses.create(model=MODEL, input="Say hello.", temperature=0)
+    assert answer.output_text == scenario("hello").completion
+    assert all(role.alive() for role in stack.group.processes)

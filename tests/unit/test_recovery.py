@@ -1,0 +1,365 @@
+"""The recovery protocol against a real Redis: claims and fencing, leases, the reaper's verdicts.
+
+A Redis server of these tests' own (not the suite's database): the end-to-end stack
+of the session runs reapers that would otherwise act on these tests' records.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from resq import keys
+from resq.celery_app import make_celery
+from resq.recovery import generations
+from resq.recovery.dispatch import queued_generations, send_generation
+from resq.recovery.generations import (
+    ALREADY_APPENDED,
+    APPENDED,
+    FENCED_OFF,
+    Fence,
+    Generations,
+    Progress,
+    plan_resume,
+)
+from resq.recovery.leases import PostprocessLeases
+from resq.recovery.reaper import Reaper
+from resq.settings import Settings
+from resq.wire import FinishEntry, GenerationJob, StartEntry, TokensEntry, decode_entry
+from tests.support.redis_server import PrivateRedis
+
+RESPONSE = "resp_" + "a" * 32
+OTHER = "resp_" + "b" * 32
+TTL_S = 3600
+
+
+@pytest.fixture(scope="module")
+def private_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateRedis]:
+    server = PrivateRedis(Path(tmp_path_factory.mktemp("recovery-redis")))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def r(private_redis: PrivateRedis) -> Iterator[redis.Redis]:
+    client = private_redis.client()
+    client.flushdb()
+    yield client
+    client.close()
+
+
+def job(response_id: str = RESPONSE, prompt: list[int] | None = None, budget: int = 10) -> GenerationJob:
+    return GenerationJob(
+        response_id=response_id,
+        model="m",
+        prompt_token_ids=prompt or [1, 2, 3],
+        max_output_tokens=budget,
+        temperature=0,
+        top_p=1,
+    )
+
+
+def stage(r: redis.Redis, staged: GenerationJob, at: float | None = None) -> None:
+    at = time.time() if at is None else at
+    pipe = r.pipeline(transaction=True)
+    generations.track(pipe, staged.response_id, at)
+    generations.stage(pipe, staged, TTL_S, int(at * 1000))
+    pipe.execute()
+
+
+def publish(gens: Generations, r: redis.Redis, fence: Fence, entry: object, at: int) -> int:
+    pipe = r.pipeline(transaction=False)
+    gens.publish(pipe, RESPONSE, fence, entry, at)  # type: ignore[arg-type]
+    return int(pipe.execute()[0])
+
+
+def stream_entries(r: redis.Redis, response_id: str = RESPONSE) -> list[object]:
+    return [decode_entry(fields) for _, fields in r.xrange(keys.tokens(response_id))]
+
+
+def field(r: redis.Redis, name: str, response_id: str = RESPONSE) -> str | None:
+    value = r.hget(keys.generation(response_id), name)
+    return value.decode() if value is not None else None
+
+
+# --- claims and fenced appends ---------------------------------------------------------------------
+
+
+def test_one_claim_at_a_time_and_appends_are_fenced_and_exactly_once(r: redis.Redis) -> None:
+    gens = Generations(r, TTL_S)
+    stage(r, job())
+    first = gens.claim(RESPONSE, "gpu-1")
+    assert first.outcome == "claimed" and first.fence == Fence("gpu-1", 1)
+    assert first.job == job()
+    assert gens.claim(RESPONSE, "gpu-2").outcome == "owned"
+
+    fence = first.fence
+    assert publish(gens, r, fence, StartEntry(3), 0) == APPENDED
+    assert publish(gens, r, fence, StartEntry(3), 0) == ALREADY_APPENDED
+    assert publish(gens, r, fence, TokensEntry([7, 8]), 0) == APPENDED
+    assert publish(gens, r, fence, TokensEntry([7, 8]), 0) == ALREADY_APPENDED  # a retried append
+    assert publish(gens, r, fence, TokensEntry([9]), 5) == -1  # a gap is refused
+    assert field(r, "generated") == "2"
+
+    # The reaper takes the job from its (dead) owner: the old claim can append nothing more.
+    assert gens.release_lost(RESPONSE, fence, int(time.time() * 1000)) == 1
+    assert gens.release_lost(RESPONSE, fence, int(time.time() * 1000)) is None
+    assert publish(gens, r, fence, TokensEntry([9]), 2) == FENCED_OFF
+    second = gens.claim(RESPONSE, "gpu-2")
+    assert second.outcome == "claimed" and second.fence == Fence("gpu-2", 2)
+    assert gens.progress(RESPONSE) == Progress(started=True, token_ids=[7, 8], finished=False)
+    assert second.fence is not None
+    assert publish(gens, r, second.fence, TokensEntry([9]), 2) == APPENDED
+    assert publish(gens, r, second.fence, FinishEntry("length", 3, 3), 3) == APPENDED
+    assert publish(gens, r, second.fence, FinishEntry("length", 3, 3), 3) == ALREADY_APPENDED
+    assert publish(gens, r, fence, TokensEntry([9]), 3) == FENCED_OFF
+
+    assert stream_entries(r) == [
+        StartEntry(3),
+        TokensEntry([7, 8]),
+        TokensEntry([9]),
+        FinishEntry("length", 3, 3),
+    ]
+    assert field(r, "state") == "finished"
+    assert gens.claim(RESPONSE, "gpu-3").outcome == "finished"
+    assert gens.claim(OTHER, "gpu-3").outcome == "missing"
+
+
+def test_a_handed_back_job_is_claimable_and_counts_no_loss(r: redis.Redis) -> None:
+    gens = Generations(r, TTL_S)
+    stage(r, job())
+    claim = gens.claim(RESPONSE, "gpu-1")
+    assert claim.fence is not None
+    assert gens.hand_back(RESPONSE, claim.fence, int(time.time() * 1000))
+    assert not gens.hand_back(RESPONSE, claim.fence, int(time.time() * 1000))
+    assert field(r, "losses") == "0" and field(r, "owner") == ""
+    assert gens.claim(RESPONSE, "gpu-2").outcome == "claimed"
+
+
+def test_only_an_unowned_job_at_the_same_epoch_can_be_ended_by_the_reaper(r: redis.Redis) -> None:
+    gens = Generations(r, TTL_S)
+    stage(r, job())
+    claim = gens.claim(RESPONSE, "gpu-1")
+    assert claim.fence is not None
+    assert not gens.end_unowned(RESPONSE, 1, FinishEntry("error", 3, 0, "x"))  # owned
+    gens.release_lost(RESPONSE, claim.fence, int(time.time() * 1000))
+    assert not gens.end_unowned(RESPONSE, 0, FinishEntry("error", 3, 0, "x"))  # stale epoch
+    assert gens.end_unowned(RESPONSE, 1, FinishEntry("error", 3, 0, "x"))
+    assert field(r, "state") == "failed"
+    assert stream_entries(r) == [FinishEntry("error", 3, 0, "x")]
+    assert gens.claim(RESPONSE, "gpu-2").outcome == "failed"
+
+
+@pytest.mark.parametrize(
+    ("progress", "expected"),
+    [
+        (Progress(False, [], False), ("resume", [1, 2, 3], 10, 0, True)),
+        (Progress(True, [], False), ("resume", [1, 2, 3], 10, 0, False)),
+        (Progress(True, [5, 6], False), ("resume", [1, 2, 3, 5, 6], 8, 2, False)),
+        (Progress(True, [5, 6, 99], False), ("finish", "stop", 3)),
+        (Progress(True, list(range(10, 20)), False), ("finish", "length", 10)),
+    ],
+)
+def test_resumption_continues_from_the_published_tokens(
+    progress: Progress, expected: tuple[object, ...]
+) -> None:
+    plan = plan_resume(job(), progress, frozenset({99}))
+    if expected[0] == "finish":
+        assert plan == FinishEntry(expected[1], 3, expected[2])  # type: ignore[arg-type]
+        return
+    assert not isinstance(plan, FinishEntry)
+    assert (plan.job.prompt_token_ids, plan.job.max_output_tokens) == (expected[1], expected[2])
+    assert (plan.already_generated, plan.publish_start, plan.prompt_tokens) == (expected[3], expected[4], 3)
+
+
+# --- post-process leases ---------------------------------------------------------------------------
+
+
+def test_a_lease_is_exclusive_until_it_lapses(r: redis.Redis) -> None:
+    first = PostprocessLeases(r, "pp-1", lease_s=0.3)
+    second = PostprocessLeases(r, "pp-2", lease_s=0.3)
+    assert first.take(RESPONSE)
+    assert not second.take(RESPONSE)
+    assert not first.take(RESPONSE)  # nor the holder twice (a duplicate message)
+    first.renew_now()
+    assert not second.take(RESPONSE)
+    time.sleep(0.45)  # the holder stops renewing: the lease lapses
+    assert first.lapsed(10) == [RESPONSE]
+    assert second.take(RESPONSE)
+    first.renew_now()  # the old holder learns it lost the response
+    assert not first.holds(RESPONSE) and second.holds(RESPONSE)
+    first.release(RESPONSE)  # a release by the old holder changes nothing
+    assert r.hget(keys.POSTPROCESS_LEASE_HOLDERS, RESPONSE) == b"pp-2"
+    second.release(RESPONSE)
+    assert r.zcard(keys.POSTPROCESS_LEASES) == 0 and r.hlen(keys.POSTPROCESS_LEASE_HOLDERS) == 0
+
+
+def test_a_registered_lease_nobody_took_lapses(r: redis.Redis, private_redis: PrivateRedis) -> None:
+    import asyncio
+
+    from resq.recovery.leases import register_lease
+    from resq.redis_client import async_redis
+
+    async def register() -> None:
+        client = async_redis(private_redis.url)
+        pipe = client.pipeline(transaction=False)
+        register_lease(pipe, RESPONSE, 0.2)
+        await pipe.execute()
+        await client.aclose()
+
+    asyncio.run(register())
+    leases = PostprocessLeases(r, "pp-1", lease_s=5)
+    assert leases.lapsed(10) == []
+    time.sleep(0.3)
+    assert leases.lapsed(10) == [RESPONSE]
+    assert leases.take(RESPONSE)
+    assert leases.lapsed(10) == []
+
+
+# --- the reaper -------------------------------------------------------------------------------------
+
+
+class Dispatched(list[str]):
+    """What the reaper sent to the generate queue."""
+
+    def __call__(self, response_id: str) -> None:
+        self.append(response_id)
+
+
+def reaper_for(r: redis.Redis, url: str, **overrides: object) -> tuple[Reaper, Dispatched]:
+    settings = Settings(
+        redis_url=url,
+        worker_ttl_s=5,
+        dispatch_timeout_s=10,
+        gpu_lost_timeout_s=30,
+        gpu_max_losses=2,
+        **overrides,  # type: ignore[arg-type]
+    )
+    sent = Dispatched()
+    return Reaper(r, settings, "test-reaper", send_generation=sent), sent
+
+
+def beat(r: redis.Redis, worker: str, at: float) -> None:
+    r.zadd(keys.GPU_WORKERS, {worker: at})
+
+
+def test_a_dead_owner_loses_its_job_which_is_dispatched_again(
+    r: redis.Redis, private_redis: PrivateRedis
+) -> None:
+    now = time.time()
+    stage(r, job(), at=now)
+    gens = Generations(r, TTL_S)
+    assert gens.claim(RESPONSE, "gpu-1").outcome == "claimed"
+    reaper, sent = reaper_for(r, private_redis.url)
+    beat(r, "gpu-1", now)
+
+    reaper.reap_generations(now + 1)  # Redis contact too short to trust any verdict
+    reaper._contact_since = now
+    reaper.reap_generations(now + 4)  # the owner beat 4 s ago: alive
+    assert sent == [] and field(r, "owner") == "gpu-1"
+
+    reaper.reap_generations(now + 6)  # no beat for longer than the worker TTL: dead
+    assert sent == [RESPONSE]
+    assert field(r, "owner") == "" and field(r, "losses") == "1"
+    reaper.reap_generations(now + 7)  # waiting in the queue for a GPU worker: nothing more to do
+    assert sent == [RESPONSE]
+
+
+def test_a_job_without_message_is_dispatched_again_but_not_one_waiting_in_the_queue(
+    r: redis.Redis, private_redis: PrivateRedis
+) -> None:
+    now = time.time()
+    stage(r, job(RESPONSE), at=now)
+    stage(r, job(OTHER), at=now)
+    celery = make_celery(Settings(redis_url=private_redis.url))
+    send_generation(celery, OTHER)  # a real Celery message, as the API sends it
+    assert queued_generations(r) == {OTHER}
+
+    reaper, sent = reaper_for(r, private_redis.url)
+    reaper._contact_since = now - 100
+    beat(r, "gpu-1", now + 11)
+    reaper.reap_generations(now + 5)
+    assert sent == []
+    reaper.reap_generations(now + 11)
+    assert sent == [RESPONSE]
+    reaper.reap_generations(now + 12)  # just dispatched again: not yet
+    assert sent == [RESPONSE]
+
+
+def test_with_no_gpu_worker_for_the_timeout_the_job_fails(
+    r: redis.Redis, private_redis: PrivateRedis
+) -> None:
+    now = time.time()
+    stage(r, job(), at=now)
+    gens = Generations(r, TTL_S)
+    claim = gens.claim(RESPONSE, "gpu-1")
+    assert claim.fence is not None
+    pipe = r.pipeline(transaction=False)
+    gens.publish(pipe, RESPONSE, claim.fence, TokensEntry([4, 5, 6, 7]), 0)
+    pipe.execute()
+    beat(r, "gpu-1", now)
+    reaper, _ = reaper_for(r, private_redis.url)
+    reaper._contact_since = now - 100
+
+    reaper.reap_generations(now + 6)  # released
+    reaper.reap_generations(now + 30)  # no GPU worker, but not for 30 s yet
+    assert field(r, "state") == "pending"
+    reaper.reap_generations(now + 37)
+    assert field(r, "state") == "failed"
+    *_, last = stream_entries(r)
+    assert isinstance(last, FinishEntry)
+    assert (last.finish_reason, last.prompt_tokens, last.output_tokens) == ("error", 3, 4)
+    assert last.error is not None and "lost" in last.error
+    assert r.zscore(keys.GENERATIONS, RESPONSE) is None
+
+
+def test_a_live_gpu_worker_keeps_a_queued_job_from_failing(
+    r: redis.Redis, private_redis: PrivateRedis
+) -> None:
+    now = time.time()
+    stage(r, job(), at=now)
+    send_generation(make_celery(Settings(redis_url=private_redis.url)), RESPONSE)
+    reaper, sent = reaper_for(r, private_redis.url)
+    reaper._contact_since = now - 100
+    beat(r, "gpu-busy", now + 500)
+    reaper.reap_generations(now + 500)  # waiting behind others for minutes: legitimate
+    assert field(r, "state") == "pending" and sent == []
+
+
+def test_a_job_lost_too_often_fails(r: redis.Redis, private_redis: PrivateRedis) -> None:
+    now = time.time()
+    stage(r, job(), at=now)
+    gens = Generations(r, TTL_S)
+    reaper, sent = reaper_for(r, private_redis.url)
+    reaper._contact_since = now - 100
+    for attempt in (1, 2):
+        assert gens.claim(RESPONSE, f"gpu-{attempt}").outcome == "claimed"
+        reaper.reap_generations(now + 10 * attempt)
+    assert sent == [RESPONSE]  # dispatched again after the first loss only
+    assert field(r, "state") == "failed"
+    *_, last = stream_entries(r)
+    assert isinstance(last, FinishEntry) and last.error is not None and "2 times" in last.error
+
+
+def test_a_cancelled_job_nobody_owns_ends_at_once(r: redis.Redis, private_redis: PrivateRedis) -> None:
+    now = time.time()
+    stage(r, job(), at=now)
+    r.set(keys.cancel(RESPONSE), "1")
+    reaper, _ = reaper_for(r, private_redis.url)
+    reaper.reap_generations(now)
+    assert stream_entries(r) == [FinishEntry("cancelled", 3, 0)]
+
+
+def test_listed_generations_that_vanished_or_ended_are_dropped(
+    r: redis.Redis, private_redis: PrivateRedis
+) -> None:
+    now = time.time()
+    r.zadd(keys.GENERATIONS, {RESPONSE: now - 120, OTHER: now})  # no hash: deleted, or being created
+    reaper, _ = reaper_for(r, private_redis.url)
+    reaper.reap_generations(now)
+    assert r.zrange(keys.GENERATIONS, 0, -1) == [OTHER.encode()]
