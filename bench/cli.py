@@ -86,7 +86,14 @@ def print_table(console: Console, table: Table) -> None:
 @click.option(
     "--wait-quiet",
     is_flag=True,
-    help="First wait (up to 30 min) until the load average stays under 0.5 for a minute.",
+    help="First wait until the load average stays under 0.5 for a minute (at most --wait-max minutes).",
+)
+@click.option(
+    "--wait-max",
+    type=float,
+    default=QUIET_MAX_WAIT_S / 60,
+    show_default=True,
+    help="Minutes --wait-quiet waits at most.",
 )
 @click.option("--no-doc", is_flag=True, help="Print the tables only; leave docs/ alone.")
 def bench_command(
@@ -99,6 +106,7 @@ def bench_command(
     out_dir: Path,
     run_dir: Path | None,
     wait_quiet: bool,
+    wait_max: float,
     no_doc: bool,
 ) -> None:
     """Benchmark resq against the direct engine, `transformers serve` and the relay floor (scenarios B1-B4)."""
@@ -115,7 +123,7 @@ def bench_command(
     )
     quiet = None
     if wait_quiet:
-        quiet = wait_for_quiet(console)
+        quiet = wait_for_quiet(console, max_wait_s=wait_max * 60)
         if not quiet:
             console.print("[yellow]the machine never got quiet; measuring anyway (the doc says so)[/yellow]")
     run_dir = run_dir or Path(".bench") / time.strftime("%Y%m%d-%H%M%S")

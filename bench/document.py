@@ -29,7 +29,7 @@ def conditions(context: dict[str, Any]) -> str:
     quiet = context.get("waited_for_quiet")
     waited = {
         True: "after waiting for the load average to stay below 0.5 for a minute",
-        False: "on a machine that never got quiet (waited 30 minutes)",
+        False: "on a machine that never got quiet (other work ran on it throughout)",
         None: "without waiting for a quiet machine",
     }[quiet]
     models = "; ".join(f"`{key}`: {text}" for key, text in context.get("models", {}).items())

@@ -92,6 +92,10 @@ class BenchRun:
     def _step(self, description: str) -> None:
         if self._progress is not None:
             self._progress.update(self._task, description=description)
+            if not self.console.is_terminal:
+                # No live bar in a log file or a pipe: one line per step instead.
+                done = int(self._progress.tasks[0].completed)
+                self.note(f"[{done}/{self.plan.runs()}] {description}")
 
     def _advance(self) -> None:
         if self._progress is not None:
