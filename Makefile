@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 # host PyPI's default Linux wheel (CUDA) is the one wanted.
 TORCH := torch==2.13.0
 
-.PHONY: install run test test-fast lint format clean lock docs compose-config
+.PHONY: install run test test-fast lint format clean lock docs compose-config bench bench-quick
 
 install: $(STAMP)
 
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet '$(TORCH)'
-	$(BIN)/python -m pip install --quiet -e '.[gpu,local,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[gpu,local,dev,bench]'
 	@touch $(STAMP)
 
 run: install  ## Run everything on the embedded defaults (resq up)
@@ -30,7 +30,13 @@ test-fast: install  ## Unit tests only
 lint: install  ## ruff + mypy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy resq api workers gpu_worker
+	$(BIN)/mypy resq api workers gpu_worker bench
+
+bench: install  ## Benchmarks B1-B4 against the baselines; writes docs/benchmarks.md and .png (~15 min)
+	$(BIN)/resq bench $(BENCH_ARGS)
+
+bench-quick: install  ## A smaller benchmark run (a few minutes), docs left alone
+	$(BIN)/resq bench --quick --no-doc $(BENCH_ARGS)
 
 # Pinned, hashed requirements of the images, for every platform (`uv pip compile --universal`).
 LOCK := $(BIN)/uv pip compile pyproject.toml --quiet --universal --python-version 3.11 --generate-hashes \

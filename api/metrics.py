@@ -108,24 +108,50 @@ def record_delivered_json(response_json: bytes) -> None:
     record_delivered(jsonutil.loads(response_json))
 
 
+class _StreamTimer:
+    """TTFT and inter-token observations of one stream, event by event."""
+
+    def __init__(self, new_response: bool) -> None:
+        self._started = _REQUEST_STARTED.get() or time.perf_counter()
+        self._new_response = new_response
+        self._last_delta: float | None = None
+
+    def observe(self, event_type: bytes, data: bytes, now: float) -> None:
+        if event_type in DELTA_TYPES:
+            if self._last_delta is not None:
+                INTER_TOKEN.observe(now - self._last_delta)
+            elif self._new_response:
+                TIME_TO_FIRST_TOKEN.observe(now - self._started)
+            self._last_delta = now
+        elif event_type in types.TERMINAL_TYPES_BYTES:
+            record_delivered(jsonutil.loads(data).get("response"))
+
+
 async def measured_stream(
     events: AsyncIterator[tuple[bytes, bytes]], new_response: bool = True
 ) -> AsyncIterator[tuple[bytes, bytes]]:
     """``events`` unchanged, timed: the stream is active meanwhile; TTFT only for a ``new_response``."""
-    started = _REQUEST_STARTED.get() or time.perf_counter()
-    last_delta: float | None = None
+    timer = _StreamTimer(new_response)
     ACTIVE_STREAMS.inc()
     try:
         async for event_type, data in events:
-            if event_type in DELTA_TYPES:
-                now = time.perf_counter()
-                if last_delta is not None:
-                    INTER_TOKEN.observe(now - last_delta)
-                elif new_response:
-                    TIME_TO_FIRST_TOKEN.observe(now - started)
-                last_delta = now
-            elif event_type in types.TERMINAL_TYPES_BYTES:
-                record_delivered(jsonutil.loads(data).get("response"))
+            timer.observe(event_type, data, time.perf_counter())
             yield event_type, data
+    finally:
+        ACTIVE_STREAMS.dec()
+
+
+async def measured_batches(
+    batches: AsyncIterator[list[tuple[bytes, bytes]]], new_response: bool = True
+) -> AsyncIterator[list[tuple[bytes, bytes]]]:
+    """:func:`measured_stream` for batches of events (what :func:`api.relay.sse_chunks` relays)."""
+    timer = _StreamTimer(new_response)
+    ACTIVE_STREAMS.inc()
+    try:
+        async for batch in batches:
+            now = time.perf_counter()
+            for event_type, data in batch:
+                timer.observe(event_type, data, now)
+            yield batch
     finally:
         ACTIVE_STREAMS.dec()

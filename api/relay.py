@@ -3,22 +3,28 @@
 Events are stored pre-encoded (type and JSON bytes), so relaying one is framing
 bytes, with no JSON work in the API. Any API replica can relay any response,
 from any position: the log lives in Redis, not in the process that created it.
+The process's :class:`~api.event_hub.EventHub` does the reading: one blocking
+read for all the logs the process follows, not one per client
+(``docs/benchmarks.md`` has the measurements).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 
 from redis.asyncio import Redis
-from sse_starlette import EventSourceResponse
+from starlette.responses import StreamingResponse
 
+from api.event_hub import EventHub
 from resq import keys
 from resq.events import types
-from resq.redis_types import optional_bytes, range_entries, stream_entries
+from resq.redis_types import optional_bytes, range_entries
 
-READ_BLOCK_MS = 1000
-READ_COUNT = 256
+IDLE_CHECK_S = 1.0
+"""How often a follower with no new event checks whether its log can still grow."""
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+SSE_PING = b": ping\n\n"
 
 
 def sse_frame(event_type: bytes, data: bytes) -> bytes:
@@ -26,9 +32,51 @@ def sse_frame(event_type: bytes, data: bytes) -> bytes:
     return b"event: " + event_type + b"\ndata: " + data + b"\n\n"
 
 
-def event_stream_response(frames: AsyncIterator[bytes], ping_s: float) -> EventSourceResponse:
-    """The SSE response carrying ``frames`` (already framed by :func:`sse_frame`)."""
-    return EventSourceResponse(frames, ping=ping_s, sep="\n", headers=SSE_HEADERS)
+def event_stream_response(chunks: AsyncIterator[bytes]) -> StreamingResponse:
+    """The SSE response carrying ``chunks`` (from :func:`sse_chunks`: frames and pings).
+
+    Starlette's plain ``StreamingResponse``: sse-starlette's ``EventSourceResponse``
+    wrapped every write in a timeout scope and ran a ping task per stream, a quarter
+    of the API's CPU per streamed token. A client that hangs up still cancels the
+    body iterator (Starlette listens for the disconnect).
+    """
+    return StreamingResponse(chunks, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def follow_event_batches(
+    redis: Redis, response_id: str, starting_after: int | None = None
+) -> AsyncIterator[list[tuple[bytes, bytes]]]:
+    """``(type, data)`` of every event after ``starting_after``, in batches, ending with the terminal one.
+
+    A batch holds every event that arrived since the previous one, so a consumer
+    that writes a batch at once makes one write per wake-up, not one per event. An
+    empty batch means nothing arrived for a while (a chance to ping). When the
+    terminal event is at or before ``starting_after`` there is nothing to send and
+    it returns at once. Ends early (without a terminal event) only when the
+    response's keys vanish (deleted or expired) while it is followed.
+    """
+    after = keys.event_entry_id(starting_after) if starting_after is not None else "0-0"
+    read_up_to: bytes | str = after
+    async with EventHub.of(redis).follow(keys.events(response_id), after) as follower:
+        # The first look does not wait: a log that already ended is answered at once.
+        wait_s = 0.0
+        while True:
+            entries = await follower.next_batch(wait_s)
+            wait_s = IDLE_CHECK_S
+            if not entries:
+                if await _log_ended(redis, response_id, read_up_to):
+                    return
+                yield []
+                continue
+            batch = []
+            for entry_id, fields in entries:
+                read_up_to = entry_id
+                event_type = fields[b"type"]
+                batch.append((event_type, fields[b"data"]))
+                if event_type in types.TERMINAL_TYPES_BYTES:
+                    yield batch
+                    return
+            yield batch
 
 
 async def follow_events(
@@ -40,23 +88,23 @@ async def follow_events(
     send and it returns at once. Ends early (without a terminal event) only when the
     response's keys vanish (deleted or expired) while it is followed.
     """
-    events_key = keys.events(response_id)
-    last_id: bytes | str = keys.event_entry_id(starting_after) if starting_after is not None else "0-0"
-    # The first read does not block: a log that already ended is answered at once.
-    block: int | None = None
-    while True:
-        entries = stream_entries(await redis.xread({events_key: last_id}, count=READ_COUNT, block=block))
-        block = READ_BLOCK_MS
-        if not entries:
-            if await _log_ended(redis, response_id, last_id):
-                return
-            continue
-        for entry_id, fields in entries:
-            last_id = entry_id
-            event_type = fields[b"type"]
-            yield event_type, fields[b"data"]
-            if event_type in types.TERMINAL_TYPES_BYTES:
-                return
+    async for batch in follow_event_batches(redis, response_id, starting_after):
+        for event in batch:
+            yield event
+
+
+async def sse_chunks(
+    batches: AsyncIterator[list[tuple[bytes, bytes]]], ping_s: float
+) -> AsyncIterator[bytes]:
+    """The SSE body of :func:`follow_event_batches`: one chunk per batch, a comment ping when idle ``ping_s``."""
+    last_write = time.monotonic()
+    async for batch in batches:
+        if batch:
+            last_write = time.monotonic()
+            yield b"".join(sse_frame(event_type, data) for event_type, data in batch)
+        elif time.monotonic() - last_write >= ping_s:
+            last_write = time.monotonic()
+            yield SSE_PING
 
 
 async def _log_ended(redis: Redis, response_id: str, read_up_to: bytes | str) -> bool:

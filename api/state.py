@@ -12,6 +12,7 @@ from celery import Celery
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
+from api.event_hub import EventHub
 from api.inline import InlinePostprocessor
 from api.store import ResponseStore
 from resq import keys
@@ -108,4 +109,5 @@ class AppState:
             self.inline.close()
         self.publisher_pool.shutdown(wait=False)
         self.reaper_redis.close()
+        await EventHub.close_for(self.redis)
         await self.redis.aclose()

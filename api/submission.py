@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -242,8 +243,9 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
     generations.stage(pipe, job, ttl, int(time.time() * 1000))
     await pipe.execute()
 
-    await state.start_postprocessing(response_id)
-    await state.dispatch_generation(response_id)
+    # Both messages at once: each publish is a blocking round trip (~1 ms) on a pool thread,
+    # and the first token waits for the generate message.
+    await asyncio.gather(state.dispatch_generation(response_id), state.start_postprocessing(response_id))
     log.info(
         "accepted: %d prompt tokens, at most %d new, stream=%s", len(prompt_ids), limit, bool(request.stream)
     )

@@ -132,3 +132,15 @@ def healthcheck(role: str, **flags: Any) -> None:
     health = check(role, _settings(flags))
     click.echo(("healthy: " if health.healthy else "unhealthy: ") + health.detail)
     sys.exit(0 if health.healthy else 1)
+
+
+@main.command(
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
+    add_help_option=False,
+)
+@click.pass_context
+def bench(ctx: click.Context) -> None:
+    """Benchmark resq against its baselines (the `bench` extra); `resq bench --help` lists the options."""
+    from bench.cli import bench_command
+
+    bench_command.main(args=ctx.args, prog_name="resq bench")

@@ -60,6 +60,11 @@ def worker_info(role: str, worker_id: str) -> str:
     return f"{PREFIX}:workers:{role}:{worker_id}"
 
 
+def api_wakeup(hub_id: str) -> str:
+    """Stream: nudges one API process's event hub to re-issue its blocking read (new followers)."""
+    return f"{PREFIX}:api:{hub_id}:wakeup"
+
+
 def _response(response_id: str, suffix: str) -> str:
     return f"{PREFIX}:{{{response_id}}}:{suffix}"
 

@@ -7,6 +7,7 @@ picked up again without restarting resq's processes.
 from __future__ import annotations
 
 from redis import Redis
+from redis.asyncio import BlockingConnectionPool as AsyncBlockingConnectionPool
 from redis.asyncio import Redis as AsyncRedis
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
@@ -14,6 +15,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
+ASYNC_MAX_CONNECTIONS = 200
+ASYNC_CONNECTION_WAIT_S = 30.0
 _RETRY_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionResetError)
 
 
@@ -29,11 +32,19 @@ def sync_redis(url: str) -> Redis:
 
 
 def async_redis(url: str) -> AsyncRedis:
-    """An asyncio client (the API)."""
-    return AsyncRedis.from_url(
+    """An asyncio client (the API).
+
+    Its pool makes a burst wait for a free connection rather than fail: redis-py's
+    default async pool raises ``Too many connections`` past 100 at once, which
+    turned a burst of a few hundred requests into 500s (``docs/benchmarks.md``, B4).
+    """
+    pool = AsyncBlockingConnectionPool.from_url(
         url,
+        max_connections=ASYNC_MAX_CONNECTIONS,
+        timeout=ASYNC_CONNECTION_WAIT_S,
         retry=AsyncRetry(ExponentialBackoff(cap=2.0, base=0.05), retries=8),
         retry_on_error=list(_RETRY_ERRORS),
         health_check_interval=30,
         socket_keepalive=True,
     )
+    return AsyncRedis.from_pool(pool)

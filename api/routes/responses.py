@@ -13,7 +13,7 @@ from api import metrics
 from api.deps import CallerDep, StateDep
 from api.errors import OpenAIError, response_not_found
 from api.http import json_response, raw_json_response
-from api.relay import event_stream_response, follow_events, sse_frame, wait_for_terminal
+from api.relay import event_stream_response, follow_event_batches, sse_chunks, wait_for_terminal
 from api.schemas import CreateResponseRequest
 from api.state import AppState
 from api.submission import Accepted, accept
@@ -42,10 +42,9 @@ async def _forget_unstored(state: AppState, response_id: str) -> None:
 async def _stream_new_response(state: AppState, accepted: Accepted) -> AsyncIterator[bytes]:
     finished = False
     try:
-        async for event_type, data in metrics.measured_stream(
-            follow_events(state.redis, accepted.response_id)
-        ):
-            yield sse_frame(event_type, data)
+        batches = metrics.measured_batches(follow_event_batches(state.redis, accepted.response_id))
+        async for chunk in sse_chunks(batches, state.settings.sse_ping_s):
+            yield chunk
         finished = True
     finally:
         if not finished and not accepted.background:
@@ -61,7 +60,7 @@ async def create_response(
     """Create a response; ``stream`` picks SSE or one JSON body, ``background`` returns at once."""
     accepted = await accept(state, body, caller)
     if body.stream:
-        return event_stream_response(_stream_new_response(state, accepted), state.settings.sse_ping_s)
+        return event_stream_response(_stream_new_response(state, accepted))
     if accepted.background:
         return json_response(accepted.created)
     return await _wait_for_final(state, accepted, request)

@@ -18,7 +18,7 @@ from api.errors import invalid_value, response_not_found
 from api.http import json_response, raw_json_response
 from api.input_items import PageParameterError, paginate, parse_page_request
 from api.query import boolean, non_negative_int
-from api.relay import event_stream_response, follow_events, sse_frame
+from api.relay import event_stream_response, follow_event_batches, sse_chunks
 from api.state import AppState
 
 router = APIRouter(prefix="/v1")
@@ -27,8 +27,9 @@ router = APIRouter(prefix="/v1")
 async def _replay(state: AppState, response_id: str, starting_after: int | None) -> AsyncIterator[bytes]:
     # A client leaving a resumed stream cancels nothing: only the creating request owns
     # the generation (and a background one outlives every stream).
-    async for event_type, data in follow_events(state.redis, response_id, starting_after):
-        yield sse_frame(event_type, data)
+    batches = follow_event_batches(state.redis, response_id, starting_after)
+    async for chunk in sse_chunks(batches, state.settings.sse_ping_s):
+        yield chunk
 
 
 @router.get("/responses/{response_id}", response_model=None)
@@ -40,7 +41,7 @@ async def retrieve_response(
     starting_after = non_negative_int(request.query_params.get("starting_after"), "starting_after")
     stored = await state.store.get(response_id, caller)
     if stream:
-        return event_stream_response(_replay(state, response_id, starting_after), state.settings.sse_ping_s)
+        return event_stream_response(_replay(state, response_id, starting_after))
     return raw_json_response(stored.current_json())
 
 

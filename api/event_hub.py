@@ -1,0 +1,220 @@
+"""One blocking ``XREAD`` per API process for every event log it relays.
+
+Following each response with its own blocking ``XREAD`` costs a Redis
+connection per open stream (the pool caps them: one API process held about a
+hundred streams) and a command, a reply and a wake-up per event per client:
+about half of the API's CPU per streamed token in the profile of
+``docs/benchmarks.md``. The hub instead keeps one read in flight on all the
+event logs its followers wait on and hands each follower the entries of its
+log; a follower that fell behind gets everything pending in one batch.
+
+A new follower first catches up from its own position with ``XRANGE`` (so a
+resumed stream and a live one work the same way), then joins the hub; if the
+hub's read is already blocked, an entry on this process's wake-up stream makes
+it return and read again with the new log included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+import weakref
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from resq import keys
+from resq.redis_types import StreamEntry, range_entries
+
+log = logging.getLogger(__name__)
+
+READ_BLOCK_MS = 1000
+READ_COUNT = 512
+WAKEUP_TTL_S = 60
+RETRY_PAUSE_S = 0.2
+
+StreamId = tuple[int, int]
+
+
+def parse_id(entry_id: bytes | str) -> StreamId:
+    """A stream id ``ms-seq`` as a comparable pair."""
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def format_id(stream_id: StreamId) -> str:
+    """The text form of a stream id pair."""
+    return f"{stream_id[0]}-{stream_id[1]}"
+
+
+def multi_stream_entries(reply: Any) -> list[tuple[bytes, list[StreamEntry]]]:
+    """``(key, entries)`` of an ``XREAD`` reply on several streams (RESP2 list or RESP3 map)."""
+    if not reply:
+        return []
+    pairs = reply.items() if isinstance(reply, dict) else reply
+    return [(key, entries) for key, entries in pairs]
+
+
+class Follower:
+    """One reader of one event log: entries after its position, in order, each once."""
+
+    __slots__ = ("_entries", "_ready", "position")
+
+    def __init__(self, position: StreamId) -> None:
+        self.position = position
+        self._entries: list[StreamEntry] = []
+        self._ready = asyncio.Event()
+
+    def deliver(self, entries: list[StreamEntry]) -> None:
+        """Take the entries past this follower's position (others were seen already)."""
+        for entry in entries:
+            entry_id = parse_id(entry[0])
+            if entry_id > self.position:
+                self._entries.append(entry)
+                self.position = entry_id
+        if self._entries:
+            self._ready.set()
+
+    async def next_batch(self, timeout_s: float) -> list[StreamEntry]:
+        """Everything delivered since the last call; waits up to ``timeout_s`` (then empty)."""
+        if not self._entries:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    await self._ready.wait()
+        batch, self._entries = self._entries, []
+        self._ready.clear()
+        return batch
+
+
+@dataclass
+class _Followed:
+    position: StreamId
+    followers: set[Follower] = field(default_factory=set)
+
+
+_HUBS: weakref.WeakKeyDictionary[Redis, EventHub] = weakref.WeakKeyDictionary()
+
+
+class EventHub:
+    """The event logs one API process follows, read with one blocking ``XREAD``."""
+
+    def __init__(self, redis: Redis, block_ms: int = READ_BLOCK_MS, count: int = READ_COUNT) -> None:
+        self._redis = redis
+        self._block_ms = block_ms
+        self._count = count
+        self._followed: dict[bytes, _Followed] = {}
+        self._wakeup_key = keys.api_wakeup(uuid.uuid4().hex)
+        # A fresh key: every entry on it is a wake-up ("$" could miss one sent before the read lands).
+        self._wakeup_position = "0-0"
+        self._reading: frozenset[bytes] = frozenset()
+        self._woken = False
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def of(cls, redis: Redis) -> EventHub:
+        """The hub of this Redis client (one per API process): every relay shares it."""
+        hub = _HUBS.get(redis)
+        if hub is None:
+            hub = _HUBS[redis] = cls(redis)
+        return hub
+
+    @classmethod
+    async def close_for(cls, redis: Redis) -> None:
+        """Stop the hub of ``redis``, if it has one."""
+        hub = _HUBS.pop(redis, None)
+        if hub is not None:
+            await hub.close()
+
+    async def close(self) -> None:
+        """Stop reading."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    @contextlib.asynccontextmanager
+    async def follow(self, key: str, after: bytes | str) -> AsyncIterator[Follower]:
+        """A :class:`Follower` of stream ``key`` from just after entry id ``after``."""
+        name = key.encode()
+        follower = Follower(parse_id(after))
+        follower.deliver(range_entries(await self._redis.xrange(key, min=f"({format_id(follower.position)}")))
+        # The hub may be ahead of what this follower read: fetch the gap before joining, so the
+        # follower misses nothing the hub already handed to others. No await between the last
+        # check and joining, so nothing can slip in between.
+        while (followed := self._followed.get(name)) is not None and followed.position > follower.position:
+            gap = await self._redis.xrange(
+                key, min=f"({format_id(follower.position)}", max=format_id(followed.position)
+            )
+            follower.deliver(range_entries(gap))
+        if followed is None:
+            followed = self._followed[name] = _Followed(follower.position)
+        followed.followers.add(follower)
+        self._start()
+        if name not in self._reading:
+            await self._wake()
+        try:
+            yield follower
+        finally:
+            followed.followers.discard(follower)
+            if not followed.followers and self._followed.get(name) is followed:
+                del self._followed[name]
+
+    # --- the reader ----------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        self._changed.set()
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="event-hub")
+
+    async def _wake(self) -> None:
+        if self._woken or not self._reading:
+            return  # not blocked (it will include the new log), or a wake-up is on its way
+        self._woken = True
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.xadd(self._wakeup_key, {"w": "1"}, maxlen=1, approximate=False)
+        pipe.expire(self._wakeup_key, WAKEUP_TTL_S)
+        await pipe.execute()
+
+    async def _run(self) -> None:
+        while True:
+            if not self._followed:
+                self._changed.clear()
+                await self._changed.wait()
+                continue
+            streams: dict[Any, Any] = {
+                key: format_id(followed.position) for key, followed in self._followed.items()
+            }
+            streams[self._wakeup_key] = self._wakeup_position
+            self._reading = frozenset(streams)
+            self._woken = False
+            try:
+                reply = await self._redis.xread(streams, count=self._count, block=self._block_ms)
+            except RedisError:
+                log.exception("reading event logs failed; retrying")
+                await asyncio.sleep(RETRY_PAUSE_S)
+                continue
+            finally:
+                self._reading = frozenset()
+            self._dispatch(multi_stream_entries(reply))
+
+    def _dispatch(self, replies: list[tuple[bytes, list[StreamEntry]]]) -> None:
+        for key, entries in replies:
+            if not entries:
+                continue
+            if key == self._wakeup_key.encode():
+                self._wakeup_position = entries[-1][0].decode()
+                continue
+            followed = self._followed.get(key)
+            if followed is None:
+                continue
+            followed.position = max(followed.position, parse_id(entries[-1][0]))
+            for follower in list(followed.followers):
+                follower.deliver(entries)

@@ -1,0 +1,144 @@
+"""``resq bench``: run the scenarios, print the table, write ``docs/benchmarks.md`` and its plot."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table as RichTable
+
+from bench.plan import MODELS, SCENARIOS, Plan
+from bench.report import Table, all_tables
+
+QUIET_LOAD = 0.5
+QUIET_HOLD_S = 60.0
+QUIET_MAX_WAIT_S = 1800.0
+
+
+def _csv(allowed: tuple[str, ...]) -> click.Choice:  # type: ignore[type-arg]
+    return click.Choice(allowed, case_sensitive=False)
+
+
+def wait_for_quiet(
+    console: Console,
+    threshold: float = QUIET_LOAD,
+    hold_s: float = QUIET_HOLD_S,
+    max_wait_s: float = QUIET_MAX_WAIT_S,
+) -> bool:
+    """Wait until the 1-minute load average stays under ``threshold`` for ``hold_s``; False on giving up."""
+    deadline = time.monotonic() + max_wait_s
+    quiet_since: float | None = None
+    while time.monotonic() < deadline:
+        load = os.getloadavg()[0]
+        if load < threshold:
+            quiet_since = quiet_since or time.monotonic()
+            if time.monotonic() - quiet_since >= hold_s:
+                return True
+        else:
+            quiet_since = None
+            console.print(f"[dim]waiting for a quiet machine: load {load:.2f} (want < {threshold})[/dim]")
+        time.sleep(10)
+    return False
+
+
+def print_table(console: Console, table: Table) -> None:
+    """``table`` on the terminal."""
+    rich_table = RichTable(title=table.title, title_justify="left")
+    for header in table.headers:
+        rich_table.add_column(
+            header, justify="right" if header not in ("model", "system", "target", "load") else "left"
+        )
+    for row in table.rows:
+        rich_table.add_row(*row)
+    console.print(rich_table)
+
+
+@click.command(name="bench")
+@click.option(
+    "--quick", is_flag=True, help="A smaller run (2 rounds, 64 tokens, 300 held streams): a few minutes."
+)
+@click.option("--rounds", type=int, help="A/B rounds per case (default 3; 2 with --quick).")
+@click.option(
+    "--model", "models", multiple=True, type=_csv(MODELS), help="Models for B1/B2 (default: tiny and bench)."
+)
+@click.option(
+    "--scenario", "scenarios", multiple=True, type=_csv(SCENARIOS), help="Scenarios to run (default: all)."
+)
+@click.option("--no-serve", is_flag=True, help="Leave out the `transformers serve` baseline.")
+@click.option(
+    "--redis-url", help="Use this Redis database (FLUSHED) instead of starting a private redis-server."
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=Path),
+    default=Path("docs"),
+    show_default=True,
+    help="Where benchmarks.md and benchmarks.png go.",
+)
+@click.option(
+    "--run-dir", type=click.Path(path_type=Path), help="Logs and raw results (default: .bench/<time>)."
+)
+@click.option(
+    "--wait-quiet",
+    is_flag=True,
+    help="First wait until the load average stays under 0.5 for a minute (at most --wait-max minutes).",
+)
+@click.option(
+    "--wait-max",
+    type=float,
+    default=QUIET_MAX_WAIT_S / 60,
+    show_default=True,
+    help="Minutes --wait-quiet waits at most.",
+)
+@click.option("--no-doc", is_flag=True, help="Print the tables only; leave docs/ alone.")
+def bench_command(
+    quick: bool,
+    rounds: int | None,
+    models: tuple[str, ...],
+    scenarios: tuple[str, ...],
+    no_serve: bool,
+    redis_url: str | None,
+    out_dir: Path,
+    run_dir: Path | None,
+    wait_quiet: bool,
+    wait_max: float,
+    no_doc: bool,
+) -> None:
+    """Benchmark resq against the direct engine, `transformers serve` and the relay floor (scenarios B1-B4)."""
+    from bench.runner import BenchRun
+
+    console = Console()
+    plan = Plan().quick if quick else Plan()
+    plan = replace(
+        plan,
+        rounds=rounds or plan.rounds,
+        models=tuple(m.lower() for m in models) or plan.models,
+        scenarios=tuple(s.upper() for s in scenarios) or plan.scenarios,
+        with_serve=not no_serve,
+    )
+    quiet = None
+    if wait_quiet:
+        quiet = wait_for_quiet(console, max_wait_s=wait_max * 60)
+        if not quiet:
+            console.print("[yellow]the machine never got quiet; measuring anyway (the doc says so)[/yellow]")
+    run_dir = run_dir or Path(".bench") / time.strftime("%Y%m%d-%H%M%S")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    console.print(f"resq bench: {plan.runs()} measured runs; logs and raw results in {run_dir}")
+    started = time.monotonic()
+    results = BenchRun(plan, run_dir, console, redis_url).run()
+    results.context["duration_s"] = round(time.monotonic() - started)
+    results.context["waited_for_quiet"] = quiet
+    results.context["command"] = "make bench" if not quick else "resq bench --quick"
+    results.save(run_dir / "results.json")
+    for table in all_tables(results):
+        print_table(console, table)
+    if not no_doc:
+        from bench.document import write_document
+
+        written = write_document(results, out_dir)
+        console.print(f"wrote {', '.join(str(path) for path in written)}")

@@ -1,0 +1,258 @@
+"""Tables and target verdicts from a :class:`~bench.results.ResultSet` (pure: no I/O)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from bench.results import ResultSet
+from bench.stats import ratio
+
+TARGET_MODEL = "bench"
+"""Targets of B1 and B2 are judged on the model whose step costs what a GPU step costs."""
+
+
+@dataclass(frozen=True)
+class Table:
+    """A titled table of already formatted cells."""
+
+    title: str
+    headers: list[str]
+    rows: list[list[str]]
+
+
+@dataclass(frozen=True)
+class Target:
+    """One target of the issue and what was measured against it."""
+
+    name: str
+    measured: float | None
+    bound: float
+    direction: Literal["min", "max"]
+    unit: str = ""
+
+    @property
+    def met(self) -> bool | None:
+        """Whether the measurement meets the bound (None when not measured)."""
+        if self.measured is None:
+            return None
+        return self.measured >= self.bound if self.direction == "min" else self.measured <= self.bound
+
+    @property
+    def margin(self) -> float | None:
+        """How far past the bound, as a fraction of it: positive when met, negative when missed."""
+        if self.measured is None or self.bound == 0:
+            return None
+        if self.direction == "min":
+            return (self.measured - self.bound) / self.bound
+        return (self.bound - self.measured) / self.bound
+
+    def verdict(self) -> str:
+        """``met (+12%)``, ``MISSED (-30%)`` or ``not measured``."""
+        if self.met is None or self.margin is None:
+            return "not measured"
+        word = "met" if self.met else "MISSED"
+        return f"{word} ({self.margin * 100:+.0f}%)"
+
+
+def fmt(value: float | None, digits: int = 1, unit: str = "") -> str:
+    """A number for a table cell; ``-`` when missing."""
+    if value is None:
+        return "-"
+    if abs(value) >= 1000 and digits <= 1:
+        return f"{value:,.0f}{unit}"
+    return f"{value:.{digits}f}{unit}"
+
+
+def fmt_ratio(value: float | None) -> str:
+    """A ratio as ``0.93x``."""
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def to_markdown(table: Table) -> str:
+    """The table as GitHub markdown, with its title as a bold line above."""
+    lines = [f"**{table.title}**", "", "| " + " | ".join(table.headers) + " |"]
+    lines.append("|" + "|".join("---" for _ in table.headers) + "|")
+    lines += ["| " + " | ".join(row) + " |" for row in table.rows]
+    return "\n".join(lines)
+
+
+def _models(results: ResultSet, scenario: str) -> list[str]:
+    order = {"tiny": 0, "bench": 1}
+    found = {record.model for record in results.records if record.scenario == scenario}
+    return sorted(found, key=lambda model: order.get(model, 9))
+
+
+def _concurrencies(results: ResultSet, scenario: str, model: str = "") -> list[int]:
+    return sorted(
+        {
+            record.concurrency
+            for record in results.records
+            if record.scenario == scenario and record.model == model
+        }
+    )
+
+
+def b1_table(results: ResultSet) -> Table:
+    """B1: end-to-end output tokens/s against the direct engine and ``transformers serve``."""
+    rows = []
+    for model in _models(results, "B1"):
+        for clients in _concurrencies(results, "B1", model):
+            resq = results.scalar("B1", "resq", "tok_s", model, clients)
+            direct = results.scalar("B1", "direct", "tok_s", model, clients)
+            serve = results.scalar("B1", "serve", "tok_s", model, clients)
+            rows.append(
+                [
+                    model,
+                    str(clients),
+                    fmt(resq),
+                    fmt(direct),
+                    fmt(serve),
+                    fmt_ratio(ratio(resq, direct)),
+                    fmt_ratio(ratio(resq, serve)),
+                ]
+            )
+    headers = [
+        "model",
+        "clients",
+        "resq tok/s",
+        "direct tok/s",
+        "serve tok/s",
+        "resq / direct",
+        "resq / serve",
+    ]
+    return Table("B1 throughput (output tokens/s, median of rounds)", headers, rows)
+
+
+def ttft_ms(results: ResultSet, system: str, model: str, clients: int, q: float) -> float | None:
+    """TTFT percentile: from the single-client probes (B2) at 1 client, from B1's streams otherwise."""
+    if clients == 1:
+        probed = results.pooled("B2", system, "ttft_ms", q, model, 1)
+        if probed is not None:
+            return probed
+    return results.pooled("B1", system, "ttft_ms", q, model, clients)
+
+
+def _difference(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
+def b2_table(results: ResultSet) -> Table:
+    """B2: TTFT and inter-token latency, resq minus the direct engine."""
+    rows = []
+    for model in _models(results, "B1") or _models(results, "B2"):
+        for clients in (1, 32):
+            if clients not in _concurrencies(results, "B1", model) and clients != 1:
+                continue
+            cells = [model, str(clients)]
+            for q in (50, 99):
+                resq = ttft_ms(results, "resq", model, clients, q)
+                direct = ttft_ms(results, "direct", model, clients, q)
+                cells += [fmt(resq), fmt(direct), fmt(_difference(resq, direct))]
+            resq_itl = results.pooled("B1", "resq", "itl_ms", 50, model, clients)
+            direct_itl = results.pooled("B1", "direct", "itl_ms", 50, model, clients)
+            cells += [fmt(resq_itl, 2), fmt(direct_itl, 2), fmt(_difference(resq_itl, direct_itl), 2)]
+            cells.append(fmt(ttft_ms(results, "serve", model, clients, 50)))
+            rows.append(cells)
+    headers = [
+        "model", "clients",
+        "TTFT p50 resq", "direct", "overhead",
+        "TTFT p99 resq", "direct", "overhead",
+        "ITL p50 resq", "direct", "overhead",
+        "TTFT p50 serve",
+    ]  # fmt: skip
+    return Table("B2 latency (ms; TTFT at 1 client from sequential probes)", headers, rows)
+
+
+def b3_table(results: ResultSet) -> Table:
+    """B3: events/s of one and two post-process workers and of the builder alone."""
+    one = results.scalar("B3", "pp1", "events_s", "tiny")
+    rows = []
+    for system, label in (
+        ("builder", "event builder alone (in-process loop)"),
+        ("pp1", "1 post-process worker"),
+        ("pp2", "2 post-process workers"),
+    ):
+        value = results.scalar("B3", system, "events_s", "tiny")
+        builder = results.scalar("B3", "builder", "events_s", "tiny")
+        rows.append([label, fmt(value), fmt_ratio(ratio(value, one)), fmt_ratio(ratio(value, builder))])
+    return Table(
+        "B3 post-processing (events/s, median of rounds)",
+        ["system", "events/s", "vs 1 worker", "vs builder"],
+        rows,
+    )
+
+
+def b4_table(results: ResultSet) -> Table:
+    """B4: API CPU per streamed token against the floor, and the streams one API process holds."""
+    rows = []
+    for clients in _concurrencies(results, "B4", "tiny"):
+        resq = results.scalar("B4", "resq", "cpu_us_per_token", "tiny", clients)
+        floor = results.scalar("B4", "floor", "cpu_us_per_token", "tiny", clients)
+        rows.append([f"{clients} clients", fmt(resq), fmt(floor), fmt_ratio(ratio(resq, floor))])
+    for record in results.matching("B4cap", "resq", "tiny"):
+        metrics = record.metrics
+        rows.append(
+            [
+                f"{record.concurrency} idle streams held",
+                f"{metrics['held']:.0f} held",
+                f"RSS {metrics['rss_idle_mb']:.0f} -> {metrics['rss_held_mb']:.0f} MB",
+                f"{metrics['kb_per_stream']:.0f} KB/stream",
+            ]
+        )
+    return Table(
+        "B4 API cost (API process CPU us per streamed token, median of rounds)",
+        ["load", "resq API", "floor", "resq / floor"],
+        rows,
+    )
+
+
+def targets(results: ResultSet) -> list[Target]:
+    """Every target of the issue with its measurement."""
+    model = TARGET_MODEL if TARGET_MODEL in _models(results, "B1") else "tiny"
+    resq32 = results.scalar("B1", "resq", "tok_s", model, 32)
+    found = [
+        Target(f"B1 {model} 32 clients: resq / direct engine", ratio(resq32, results.scalar("B1", "direct", "tok_s", model, 32)), 0.8, "min", "x"),
+        Target(f"B1 {model} 32 clients: resq / transformers serve", ratio(resq32, results.scalar("B1", "serve", "tok_s", model, 32)), 1.5, "min", "x"),
+        Target(f"B2 {model} 1 client: TTFT overhead p50", _difference(ttft_ms(results, "resq", model, 1, 50), ttft_ms(results, "direct", model, 1, 50)), 5.0, "max", " ms"),
+        Target(f"B2 {model} 1 client: TTFT overhead p99", _difference(ttft_ms(results, "resq", model, 1, 99), ttft_ms(results, "direct", model, 1, 99)), 20.0, "max", " ms"),
+        Target("B3: 2 workers / 1 worker", ratio(results.scalar("B3", "pp2", "events_s", "tiny"), results.scalar("B3", "pp1", "events_s", "tiny")), 1.7, "min", "x"),
+        Target("B3: 1 worker / builder alone", ratio(results.scalar("B3", "pp1", "events_s", "tiny"), results.scalar("B3", "builder", "events_s", "tiny")), 0.6, "min", "x"),
+    ]  # fmt: skip
+    for clients in _concurrencies(results, "B4", "tiny"):
+        found.append(
+            Target(
+                f"B4 {clients} clients: API CPU per token",
+                results.scalar("B4", "resq", "cpu_us_per_token", "tiny", clients),
+                10.0,
+                "max",
+                " us",
+            )
+        )
+    for record in results.matching("B4cap", "resq", "tiny"):
+        found.append(Target("B4: streams held by one API process", record.metrics["held"], 1000, "min"))
+    return found
+
+
+def targets_table(found: Sequence[Target]) -> Table:
+    """The targets as a table."""
+    rows = []
+    for target in found:
+        bound = f"{'>=' if target.direction == 'min' else '<='} {target.bound:g}{target.unit}"
+        digits = 2 if target.unit == "x" else 1
+        measured = "-" if target.measured is None else f"{target.measured:.{digits}f}{target.unit}"
+        rows.append([target.name, measured, bound, target.verdict()])
+    return Table("Targets", ["target", "measured", "bound", "verdict"], rows)
+
+
+def all_tables(results: ResultSet) -> list[Table]:
+    """Every table that has data, targets first."""
+    tables = [
+        targets_table(targets(results)),
+        b1_table(results),
+        b2_table(results),
+        b3_table(results),
+        b4_table(results),
+    ]
+    return [table for table in tables if table.rows]

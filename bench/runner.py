@@ -1,0 +1,523 @@
+"""Runs a :class:`~bench.plan.Plan`: starts the systems, alternates them round by round, records everything."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import platform
+import subprocess
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+from redis import Redis
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from bench import capacity, clients, postprocess
+from bench.clients import StreamTiming
+from bench.models import BenchModel, ensure_bench, ensure_tiny
+from bench.plan import Plan
+from bench.procs import ProcGroup, free_port, http_ok, wait_until
+from bench.results import ResultSet, RunRecord
+from bench.stats import alternated
+from bench.systems import DirectEngine, Floor, ResqStack, TransformersServe, resq_env
+from bench.token_streams import make_streams
+from resq import keys
+from resq.celery_app import make_celery
+from resq.embedded_redis import EmbeddedRedis
+from resq.settings import load_settings
+
+WARMUP_CONCURRENCY = 8
+WARMUP_TOKENS = 16
+B3_TIMEOUT_S = 300.0
+CAPACITY_TIMEOUT_S = 180.0
+
+
+def _uvloop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def _cpu_seconds(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
+def _git_commit(root: Path) -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+class BenchRun:
+    """One execution of a plan; :meth:`run` returns every record."""
+
+    def __init__(self, plan: Plan, run_dir: Path, console: Console, redis_url: str | None = None) -> None:
+        self.plan = plan
+        self.run_dir = run_dir
+        self.console = console
+        self.results = ResultSet()
+        self._redis_url = redis_url
+        self._group = ProcGroup(run_dir / "logs")
+        self._progress: Progress | None = None
+        self._task: Any = None
+        self._runner: asyncio.Runner | None = None
+
+    # --- plumbing ------------------------------------------------------------------------------
+
+    def note(self, message: str) -> None:
+        """A line above the progress bar."""
+        self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}")
+
+    def _step(self, description: str) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, description=description)
+            if not self.console.is_terminal:
+                # No live bar in a log file or a pipe: one line per step instead.
+                done = int(self._progress.tasks[0].completed)
+                self.note(f"[{done}/{self.plan.runs()}] {description}")
+
+    def _advance(self) -> None:
+        if self._progress is not None:
+            self._progress.advance(self._task)
+
+    def _await(self, coroutine: Any) -> Any:
+        assert self._runner is not None
+        return self._runner.run(coroutine)
+
+    @contextlib.contextmanager
+    def _redis(self) -> Iterator[str]:
+        if self._redis_url is not None:
+            client = Redis.from_url(self._redis_url)
+            client.flushdb()
+            client.close()
+            yield self._redis_url
+            return
+        server = EmbeddedRedis()
+        server.start()
+        try:
+            yield server.url
+        finally:
+            server.stop()
+
+    def _context(self, redis_url: str, models: list[BenchModel]) -> dict[str, Any]:
+        import torch
+        import transformers
+
+        info = Redis.from_url(redis_url).info("server")
+        return {
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "commit": _git_commit(Path(__file__).resolve().parents[1]),
+            "cpu": _cpu_model(),
+            "cores": os.cpu_count(),
+            "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+            "load_before": [round(value, 2) for value in os.getloadavg()],
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "redis_server": info.get("redis_version", "?"),
+            "plan": asdict(self.plan),
+            "models": {model.key: model.description for model in models},
+        }
+
+    # --- the run -------------------------------------------------------------------------------
+
+    def run(self) -> ResultSet:
+        """Run every scenario of the plan; the records, also saved under the run directory."""
+        progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=self.console,
+        )
+        with progress, self._redis() as redis_url, asyncio.Runner(loop_factory=_uvloop_factory()) as runner:
+            self._progress = progress
+            self._task = progress.add_task("building models", total=self.plan.runs())
+            self._runner = runner
+            try:
+                models = self._models()
+                self.results.context = self._context(redis_url, models)
+                scenarios = set(self.plan.scenarios)
+                for model in models:
+                    compare = model.key in self.plan.models and bool({"B1", "B2"} & scenarios)
+                    api_cpu = model.key == "tiny" and "B4" in scenarios
+                    if compare or api_cpu:
+                        self._http_part(redis_url, model, compare, api_cpu)
+                tiny = next(model for model in models if model.key == "tiny")
+                if "B3" in self.plan.scenarios:
+                    self._b3(redis_url, tiny)
+                if "B4" in self.plan.scenarios:
+                    self._capacity(redis_url, tiny)
+            finally:
+                self._group.stop_all()
+                self.results.context["load_after"] = [round(value, 2) for value in os.getloadavg()]
+                self.results.save(self.run_dir / "results.json")
+        return self.results
+
+    def _models(self) -> list[BenchModel]:
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "resq" / "bench-models"
+        keys_wanted = set(self.plan.models) | {"tiny"}
+        models = []
+        if "tiny" in keys_wanted:
+            models.append(ensure_tiny(cache))
+        if "bench" in keys_wanted:
+            self._step("building the bench model")
+            models.append(ensure_bench(cache))
+        for model in models:
+            self.note(f"model [bold]{model.key}[/bold]: {model.description} ({model.path})")
+        return [model for model in models if model.key in self.plan.models or model.key == "tiny"]
+
+    # --- B1, B2, B4 (API CPU): everything that needs the model served -------------------------------
+
+    def _http_part(self, redis_url: str, model: BenchModel, compare: bool, api_cpu: bool) -> None:
+        """B1 and B2 (``compare``) and B4's API CPU (``api_cpu``) on ``model``, all systems up at once."""
+        plan = self.plan
+        stack = ResqStack(self._group, redis_url, model)
+        direct = DirectEngine(self._group, redis_url, model) if compare else None
+        serve = TransformersServe(self._group, model) if compare and plan.with_serve else None
+        floor = Floor(self._group) if api_cpu else None
+        started: list[ResqStack | DirectEngine | TransformersServe | Floor] = [
+            system for system in (stack, direct, serve, floor) if system is not None
+        ]
+        self._step(f"{model.key}: starting " + ", ".join(type(process).__name__ for process in started))
+        for process in started:
+            process.start()
+        client = clients.new_client()
+        try:
+            for process in started:
+                process.wait_ready()
+            self.note(f"{model.key}: every system is up; warming up")
+            self._warm_up(client, stack, direct, serve)
+            systems = ["resq", "direct"] + (["serve"] if serve is not None else [])
+            for round_index in range(plan.rounds):
+                if compare and "B1" in plan.scenarios:
+                    assert direct is not None
+                    for concurrency in plan.b1_concurrencies:
+                        for system in alternated(systems, round_index):
+                            self._step(f"B1 {model.key} round {round_index + 1}: {system} x{concurrency}")
+                            self._b1(client, system, model, concurrency, round_index, stack, direct, serve)
+                            self._advance()
+                if compare and "B2" in plan.scenarios:
+                    assert direct is not None
+                    for system in alternated(systems, round_index):
+                        self._step(f"B2 {model.key} round {round_index + 1}: {system} TTFT probes")
+                        self._b2(client, system, model, round_index, stack, direct, serve)
+                        self._advance()
+                if floor is not None:
+                    for concurrency in plan.b4_concurrencies:
+                        for system in alternated(["resq", "floor"], round_index):
+                            self._step(f"B4 round {round_index + 1}: {system} API CPU x{concurrency}")
+                            self._b4(client, system, concurrency, round_index, stack, floor)
+                            self._advance()
+        finally:
+            self._await(client.aclose())
+            for process in reversed(started):
+                process.stop()
+
+    def _warm_up(
+        self,
+        client: httpx.AsyncClient,
+        stack: ResqStack,
+        direct: DirectEngine | None,
+        serve: TransformersServe | None,
+    ) -> None:
+        model = stack.model
+        self._await(
+            clients.concurrently(
+                WARMUP_CONCURRENCY,
+                lambda: clients.resq_stream(client, stack.base_url, model.served_name, WARMUP_TOKENS),
+            )
+        )
+        if direct is not None:
+            direct.run(WARMUP_CONCURRENCY, WARMUP_TOKENS)
+        if serve is not None:
+            # The first request makes transformers serve build its batching manager: tens of seconds.
+            self._await(
+                clients.concurrently(
+                    WARMUP_CONCURRENCY,
+                    lambda: clients.serve_stream(client, serve.base_url, serve.model_id, WARMUP_TOKENS),
+                )
+            )
+
+    def _http_streams(
+        self,
+        client: httpx.AsyncClient,
+        system: str,
+        concurrency: int,
+        tokens: int,
+        stack: ResqStack,
+        serve: TransformersServe | None,
+    ) -> tuple[list[StreamTiming], float]:
+        if system == "resq":
+            name = stack.model.served_name
+            result: tuple[list[StreamTiming], float] = self._await(
+                clients.concurrently(
+                    concurrency, lambda: clients.resq_stream(client, stack.base_url, name, tokens)
+                )
+            )
+            return result
+        assert serve is not None
+        result = self._await(
+            clients.concurrently(
+                concurrency, lambda: clients.serve_stream(client, serve.base_url, serve.model_id, tokens)
+            )
+        )
+        return result
+
+    def _check(self, system: str, timings: list[StreamTiming], tokens: int) -> int:
+        bad = [timing for timing in timings if timing.error is not None or timing.tokens != tokens]
+        if bad:
+            first = bad[0]
+            self.note(
+                f"[yellow]{system}: {len(bad)} of {len(timings)} streams failed or were short "
+                f"(e.g. {first.tokens} tokens, {first.error})[/yellow]"
+            )
+        return len(bad)
+
+    def _b1(
+        self,
+        client: httpx.AsyncClient,
+        system: str,
+        model: BenchModel,
+        concurrency: int,
+        round_index: int,
+        stack: ResqStack,
+        direct: DirectEngine,
+        serve: TransformersServe | None,
+    ) -> None:
+        tokens = self.plan.b1_tokens
+        if system == "direct":
+            result = direct.run(concurrency, tokens)
+            requests = result["requests"]
+            wall = float(result["wall_s"])
+            timings = [
+                StreamTiming(r["ttft_s"], r["decode_s"], r["total_s"], int(r["tokens"])) for r in requests
+            ]
+        else:
+            timings, wall = self._http_streams(client, system, concurrency, tokens, stack, serve)
+        bad = self._check(system, timings, tokens)
+        total_tokens = sum(timing.tokens for timing in timings)
+        self.results.add(
+            RunRecord(
+                "B1",
+                system,
+                model.key,
+                concurrency,
+                round_index,
+                metrics={"tok_s": total_tokens / wall, "wall_s": wall, "bad_streams": bad},
+                samples={
+                    "ttft_ms": [timing.ttft_s * 1000 for timing in timings if timing.error is None],
+                    "itl_ms": [
+                        itl * 1000
+                        for timing in timings
+                        if (itl := timing.itl_s) is not None and timing.error is None
+                    ],
+                },
+            )
+        )
+
+    def _b2(
+        self,
+        client: httpx.AsyncClient,
+        system: str,
+        model: BenchModel,
+        round_index: int,
+        stack: ResqStack,
+        direct: DirectEngine,
+        serve: TransformersServe | None,
+    ) -> None:
+        tokens = self.plan.b2_probe_tokens
+        ttfts: list[float] = []
+        bad = 0
+        for _ in range(self.plan.b2_probes):
+            if system == "direct":
+                request = direct.run(1, tokens)["requests"][0]
+                ttfts.append(request["ttft_s"] * 1000)
+                continue
+            timings, _ = self._http_streams(client, system, 1, tokens, stack, serve)
+            bad += self._check(system, timings, tokens)
+            ttfts.append(timings[0].ttft_s * 1000)
+        self.results.add(
+            RunRecord(
+                "B2",
+                system,
+                model.key,
+                1,
+                round_index,
+                metrics={"bad_streams": bad},
+                samples={"ttft_ms": ttfts},
+            )
+        )
+
+    def _b4(
+        self,
+        client: httpx.AsyncClient,
+        system: str,
+        concurrency: int,
+        round_index: int,
+        stack: ResqStack,
+        floor: Floor,
+    ) -> None:
+        tokens = self.plan.b4_tokens
+        repeats = max(1, -(-self.plan.b4_min_tokens // (tokens * concurrency)))
+        interval = self.plan.b4_floor_interval_s
+        name = stack.model.served_name
+
+        def one() -> Awaitable[StreamTiming]:
+            if system == "resq":
+                return clients.resq_stream(client, stack.base_url, name, tokens)
+            return clients.floor_stream(client, floor.base_url, tokens, interval)
+
+        proc = stack.api if system == "resq" else floor.proc
+        assert proc is not None
+        pid = proc.pid
+        before = _cpu_seconds(pid)
+        timings, wall = self._await(clients.concurrently(concurrency, one, repeats))
+        cpu = _cpu_seconds(pid) - before
+        bad = self._check(system, timings, tokens)
+        streamed = sum(timing.tokens for timing in timings)
+        self.results.add(
+            RunRecord(
+                "B4",
+                system,
+                "tiny",
+                concurrency,
+                round_index,
+                metrics={
+                    "cpu_us_per_token": cpu * 1e6 / max(1, streamed),
+                    "cpu_s": cpu,
+                    "wall_s": wall,
+                    "bad_streams": bad,
+                },
+            )
+        )
+
+    # --- B3 ---------------------------------------------------------------------------------------
+
+    def _b3(self, redis_url: str, model: BenchModel) -> None:
+        plan = self.plan
+        self._step("B3: starting post-process workers")
+        redis = Redis.from_url(redis_url)
+        tokenizer = postprocess.register(redis, model)
+        streams = make_streams(tokenizer.tokenizer, plan.b3_streams, plan.b3_tokens)
+        env = resq_env(redis_url, model)
+        celery = make_celery(load_settings(redis_url=redis_url))
+
+        def send(response_id: str) -> None:
+            celery.send_task(
+                keys.POSTPROCESS_TASK, kwargs={"response_id": response_id}, queue=keys.POSTPROCESS_QUEUE
+            )
+
+        def workers_alive(count: int) -> bool:
+            now = time.time()
+            fresh = redis.zrangebyscore(keys.POSTPROCESS_WORKERS, now - 3, "+inf")
+            return len(fresh) >= count
+
+        first = self._group.start_role("postprocess-worker", "b3-postprocess-0", env)
+        try:
+            wait_until(lambda: workers_alive(1), 120, "a post-process worker", [first])
+            # One untimed pass: imports, tokenizer load, connection pools.
+            postprocess.run_through_workers(redis, send, model.served_name, streams[:4], B3_TIMEOUT_S)
+            for round_index in range(plan.rounds):
+                for system in alternated(["pp1", "pp2", "builder"], round_index):
+                    self._step(f"B3 round {round_index + 1}: {system}")
+                    if system == "builder":
+                        events, seconds = postprocess.run_builder(tokenizer, model.served_name, streams)
+                    elif system == "pp1":
+                        events, seconds = postprocess.run_through_workers(
+                            redis, send, model.served_name, streams, B3_TIMEOUT_S
+                        )
+                    else:
+                        second = self._group.start_role("postprocess-worker", "b3-postprocess-1", env)
+                        try:
+                            redis.delete(keys.POSTPROCESS_WORKERS)
+                            wait_until(
+                                lambda: workers_alive(2), 120, "two post-process workers", [first, second]
+                            )
+                            postprocess.run_through_workers(
+                                redis, send, model.served_name, streams[:4], B3_TIMEOUT_S
+                            )
+                            events, seconds = postprocess.run_through_workers(
+                                redis, send, model.served_name, streams, B3_TIMEOUT_S
+                            )
+                        finally:
+                            self._group.stop(second)
+                    self.results.add(
+                        RunRecord(
+                            "B3",
+                            system,
+                            "tiny",
+                            plan.b3_streams,
+                            round_index,
+                            metrics={"events_s": events / seconds, "events": events, "seconds": seconds},
+                        )
+                    )
+                    self._advance()
+        finally:
+            self._group.stop(first)
+            redis.close()
+
+    # --- B4: streams held by one API process ------------------------------------------------------
+
+    def _capacity(self, redis_url: str, model: BenchModel) -> None:
+        count = self.plan.capacity_streams
+        self._step(f"B4: holding {count} streams on one API process")
+        redis = Redis.from_url(redis_url)
+        postprocess.register(redis, model)
+        port = free_port()
+        env = resq_env(
+            redis_url, model, RESQ_PORT=str(port), RESQ_POSTPROCESS_WORKERS="2", RESQ_SSE_PING_S="600"
+        )
+        api = self._group.start_role("api", "capacity-api", env)
+        base_url = f"http://127.0.0.1:{port}"
+        try:
+            wait_until(lambda: http_ok(f"{base_url}/v1/models"), 120, "the capacity API", [api])
+            result = self._await(
+                capacity.hold_streams(base_url, model.served_name, api.pid, count, CAPACITY_TIMEOUT_S)
+            )
+        finally:
+            self._group.stop(api)
+            # Nothing consumes the jobs those streams enqueued: drop them with the rest of the run's data.
+            redis.flushdb()
+            redis.close()
+        if result.errors:
+            self.note(f"[yellow]capacity: {result.errors}[/yellow]")
+        self.results.add(
+            RunRecord(
+                "B4cap",
+                "resq",
+                "tiny",
+                count,
+                0,
+                metrics={
+                    "held": result.held,
+                    "rss_idle_mb": result.rss_idle_mb,
+                    "rss_held_mb": result.rss_held_mb,
+                    "kb_per_stream": result.kb_per_stream,
+                    "open_s": result.open_seconds,
+                    "models_latency_ms": result.models_latency_ms,
+                },
+            )
+        )
+        self._advance()

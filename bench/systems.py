@@ -1,0 +1,204 @@
+"""The systems under test, started as processes: resq's roles, the direct engine, ``transformers serve``, the floor.
+
+Every engine (resq's GPU worker, the direct engine, ``transformers serve``) runs
+with one torch thread: on a GPU deployment the model runs on a device of its
+own and the CPU cores are left to everything else; here one core plays the GPU
+and the other is left to the API, the post-processors, Redis and the clients.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.direct import RESULT_PREFIX
+from bench.models import BenchModel
+from bench.procs import Proc, ProcGroup, free_port, http_ok, wait_until
+
+START_TIMEOUT_S = 300.0
+ENGINE_THREADS = 1
+KV_CACHE_TOKENS = 32768
+KV_PAGE_SIZE = 64
+MAX_BATCH = 64
+MAX_BATCH_TOKENS = 512
+
+
+def engine_env() -> dict[str, str]:
+    """Thread limits of an engine process (see the module docstring)."""
+    threads = str(ENGINE_THREADS)
+    return {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+
+
+def resq_env(redis_url: str, model: BenchModel, **extra: str) -> dict[str, str]:
+    """``RESQ_*`` settings shared by every resq process of the bench."""
+    return {
+        "RESQ_REDIS_URL": redis_url,
+        "RESQ_MODEL": str(model.path),
+        "RESQ_MODEL_NAME": model.served_name,
+        "RESQ_MAX_BATCH": str(MAX_BATCH),
+        "RESQ_MAX_BATCH_TOKENS": str(MAX_BATCH_TOKENS),
+        "RESQ_KV_CACHE_TOKENS": str(KV_CACHE_TOKENS),
+        "RESQ_KV_PAGE_SIZE": str(KV_PAGE_SIZE),
+        "RESQ_LOG_LEVEL": "warning",
+        "RESQ_HEARTBEAT_S": "1",
+        **extra,
+    }
+
+
+@dataclass
+class ResqStack:
+    """A GPU worker, post-process workers and one API on a model."""
+
+    group: ProcGroup
+    redis_url: str
+    model: BenchModel
+    postprocess_workers: int = 2
+    procs: list[Proc] = field(default_factory=list)
+    api: Proc | None = None
+    base_url: str = ""
+
+    def start(self) -> None:
+        """Start every process (does not wait; see :meth:`wait_ready`)."""
+        env = resq_env(self.redis_url, self.model, RESQ_POSTPROCESS_WORKERS=str(self.postprocess_workers))
+        self.procs.append(
+            self.group.start_role("gpu-worker", f"{self.model.key}-gpu-worker", {**env, **engine_env()})
+        )
+        for index in range(self.postprocess_workers):
+            self.procs.append(
+                self.group.start_role("postprocess-worker", f"{self.model.key}-postprocess-{index}", env)
+            )
+        port = free_port()
+        self.api = self.group.start_role("api", f"{self.model.key}-api", {**env, "RESQ_PORT": str(port)})
+        self.procs.append(self.api)
+        self.base_url = f"http://127.0.0.1:{port}"
+
+    def wait_ready(self) -> None:
+        """Wait until ``/health`` says every role answers."""
+        wait_until(lambda: http_ok(f"{self.base_url}/health"), START_TIMEOUT_S, "resq", self.procs)
+
+    def stop(self) -> None:
+        """Stop every process of the stack."""
+        for proc in reversed(self.procs):
+            self.group.stop(proc)
+        self.procs.clear()
+
+
+@dataclass
+class DirectEngine:
+    """The engine alone, in its own process, driven over a pipe."""
+
+    group: ProcGroup
+    redis_url: str
+    model: BenchModel
+    proc: Proc | None = None
+
+    def start(self) -> None:
+        """Start the process (loads the model)."""
+        env = {**resq_env(self.redis_url, self.model), **engine_env()}
+        self.proc = self.group.start(
+            f"{self.model.key}-direct", [sys.executable, "-m", "bench.direct"], env, pipes=True
+        )
+
+    def wait_ready(self) -> None:
+        """Wait for the engine to report ready."""
+        self._read_result()
+
+    def run(self, concurrency: int, max_tokens: int) -> dict[str, Any]:
+        """``concurrency`` requests of ``max_tokens`` tokens at once; the engine's timings."""
+        from bench.clients import PROMPT
+
+        command = {
+            "op": "run",
+            "concurrency": concurrency,
+            "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": PROMPT}],
+        }
+        assert self.proc is not None and self.proc.popen.stdin is not None
+        self.proc.popen.stdin.write((json.dumps(command) + "\n").encode())
+        self.proc.popen.stdin.flush()
+        return self._read_result()
+
+    def _read_result(self) -> dict[str, Any]:
+        assert self.proc is not None and self.proc.popen.stdout is not None
+        while True:
+            line = self.proc.popen.stdout.readline()
+            if not line:
+                raise RuntimeError(f"the direct engine exited:\n{self.proc.log_tail()}")
+            text = line.decode(errors="replace")
+            if text.startswith(RESULT_PREFIX):
+                result: dict[str, Any] = json.loads(text[len(RESULT_PREFIX) :])
+                return result
+
+    def stop(self) -> None:
+        """Stop the process."""
+        if self.proc is not None:
+            self.group.stop(self.proc)
+            self.proc = None
+
+
+@dataclass
+class TransformersServe:
+    """``transformers serve --continuous-batching`` on the same model, same cache and batch sizes."""
+
+    group: ProcGroup
+    model: BenchModel
+    proc: Proc | None = None
+    base_url: str = ""
+
+    @property
+    def model_id(self) -> str:
+        """What its clients send as ``model`` (the preloaded model's path)."""
+        return str(self.model.path)
+
+    def start(self) -> None:
+        """Start the server (loads the model)."""
+        port = free_port()
+        argv = [
+            sys.executable, "-m", "transformers.cli.transformers", "serve", str(self.model.path),
+            "--continuous-batching", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
+            "--cb-block-size", str(KV_PAGE_SIZE), "--cb-num-blocks", str(KV_CACHE_TOKENS // KV_PAGE_SIZE),
+            "--cb-max-batch-tokens", str(MAX_BATCH_TOKENS), "--log-level", "warning",
+        ]  # fmt: skip
+        self.proc = self.group.start(f"{self.model.key}-transformers-serve", argv, engine_env())
+        self.base_url = f"http://127.0.0.1:{port}"
+
+    def wait_ready(self) -> None:
+        """Wait until it answers ``/health``."""
+        assert self.proc is not None
+        wait_until(
+            lambda: http_ok(f"{self.base_url}/health"), START_TIMEOUT_S, "transformers serve", [self.proc]
+        )
+
+    def stop(self) -> None:
+        """Stop the server."""
+        if self.proc is not None:
+            self.group.stop(self.proc)
+            self.proc = None
+
+
+@dataclass
+class Floor:
+    """The bare ``StreamingResponse`` relay of B4."""
+
+    group: ProcGroup
+    proc: Proc | None = None
+    base_url: str = ""
+
+    def start(self) -> None:
+        """Start it."""
+        port = free_port()
+        self.proc = self.group.start("floor", [sys.executable, "-m", "bench.floor", "--port", str(port)])
+        self.base_url = f"http://127.0.0.1:{port}"
+
+    def wait_ready(self) -> None:
+        """Wait until it answers."""
+        assert self.proc is not None
+        wait_until(lambda: http_ok(f"{self.base_url}/health"), 60, "the relay floor", [self.proc])
+
+    def stop(self) -> None:
+        """Stop it."""
+        if self.proc is not None:
+            self.group.stop(self.proc)
+            self.proc = None

@@ -1,0 +1,71 @@
+"""The API's event hub: one blocking read shared by every follower, none of them missing an entry."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+from redis.asyncio import Redis
+
+from api.event_hub import EventHub, Follower, format_id, parse_id
+
+
+def test_stream_ids_compare_numerically() -> None:
+    assert parse_id(b"0-10") > parse_id("0-9")
+    assert parse_id("1700000000000-0") > parse_id("0-99")
+    assert format_id(parse_id("12-3")) == "12-3"
+
+
+def test_a_follower_takes_each_entry_once_and_in_order() -> None:
+    async def scenario() -> None:
+        follower = Follower(parse_id("0-1"))
+        follower.deliver([(b"0-1", {}), (b"0-2", {b"n": b"2"})])
+        follower.deliver([(b"0-2", {b"n": b"2"}), (b"0-3", {b"n": b"3"})])
+        batch = await follower.next_batch(0.01)
+        assert [entry_id for entry_id, _ in batch] == [b"0-2", b"0-3"]
+        assert await follower.next_batch(0.01) == []
+
+    asyncio.run(scenario())
+
+
+async def _read_until(follower: Follower, last: bytes) -> list[bytes]:
+    seen: list[bytes] = []
+    while not seen or seen[-1] != last:
+        batch = await follower.next_batch(5.0)
+        assert batch, "the hub delivered nothing for 5 s"
+        seen += [entry_id for entry_id, _ in batch]
+    return seen
+
+
+@pytest.mark.timeout(60)
+def test_followers_of_many_logs_and_late_joiners_see_every_entry(redis_url: str) -> None:
+    async def scenario() -> None:
+        redis = Redis.from_url(redis_url)
+        hub = EventHub(redis, block_ms=200)
+        logs = [f"test:hub:{index}" for index in range(20)]
+        everything = [f"0-{number}".encode() for number in range(1, 6)]
+        await redis.delete(*logs)
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                followers = [await stack.enter_async_context(hub.follow(key, "0-0")) for key in logs]
+                await asyncio.sleep(0.3)  # the hub is blocked on all 20 logs by now
+                for number in range(1, 4):
+                    for key in logs:
+                        await redis.xadd(key, {"n": number}, id=f"0-{number}")
+                # A second follower of log 0 joins late, from the start: it catches up, then follows.
+                late = await stack.enter_async_context(hub.follow(logs[0], "0-0"))
+                for number in range(4, 6):
+                    for key in logs:
+                        await redis.xadd(key, {"n": number}, id=f"0-{number}")
+                for follower in [*followers, late]:
+                    assert await _read_until(follower, b"0-5") == everything
+                # One that resumes after entry 3 gets only what follows it.
+                resumed = await stack.enter_async_context(hub.follow(logs[1], "0-3"))
+                assert await _read_until(resumed, b"0-5") == everything[3:]
+        finally:
+            await hub.close()
+            await redis.delete(*logs)
+            await redis.aclose()
+
+    asyncio.run(scenario())
