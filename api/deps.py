@@ -6,7 +6,9 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from api.auth import missing_api_key
 from api.caller import ANONYMOUS, Caller
+from api.gate import caller_of
 from api.state import AppState
 
 
@@ -17,8 +19,14 @@ def get_state(request: Request) -> AppState:
 
 
 def get_caller(request: Request) -> Caller:
-    """The identity of the request's sender (anonymous until authentication exists)."""
-    return ANONYMOUS
+    """The identity of the request's sender: what :class:`api.gate.Gate` proved, anonymous on an open API."""
+    caller = caller_of(request.scope)
+    if caller is not None:
+        return caller
+    if get_state(request).keyring.open:
+        return ANONYMOUS
+    # A route the gate does not guard asked who is calling: fail closed.
+    raise missing_api_key()
 
 
 StateDep = Annotated[AppState, Depends(get_state)]

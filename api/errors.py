@@ -10,6 +10,7 @@ wrong: ``missing_required_parameter``, ``unknown_parameter``, ``invalid_type``,
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -58,6 +59,14 @@ def invalid_value(message: str, param: str | None, code: str = "invalid_value") 
 def response_not_found(response_id: str) -> OpenAIError:
     """The 404 for an unknown (or foreign, or expired) response id."""
     return OpenAIError(404, f"Response with id '{response_id}' not found.", param="response_id", code=None)
+
+
+def rate_limited(message: str, retry_after_s: float) -> OpenAIError:
+    """A 429 ``rate_limit_exceeded`` with ``Retry-After`` (whole seconds, at least 1)."""
+    seconds = max(1, math.ceil(retry_after_s))
+    return OpenAIError(
+        429, message, type="requests", code="rate_limit_exceeded", headers={"Retry-After": str(seconds)}
+    )
 
 
 _TYPE_ERRORS = re.compile(r"(_type$|_parsing$|^model_attributes_type$|^is_instance_of$|^dict_type$)")

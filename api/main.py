@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from api.errors import install_error_handlers
+from api.gate import Gate
 from api.log_context import ResponseLogContext
 from api.metrics import HTTPMetricsMiddleware
 from api.routes import health, metrics, models, responses, stored
@@ -36,6 +37,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(models.router)
     app.include_router(health.router)
     app.include_router(metrics.router)
+    # The last added runs first: metrics see every request, the gate runs just before routing.
+    app.add_middleware(Gate)
     app.add_middleware(ResponseLogContext)
     app.add_middleware(HTTPMetricsMiddleware)
     return app

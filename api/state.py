@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -12,8 +13,10 @@ from celery import Celery
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
+from api.auth import KeyRing, parse_api_keys
 from api.event_hub import EventHub
 from api.inline import InlinePostprocessor
+from api.rate_limit import RateLimiter
 from api.store import ResponseStore
 from resq import keys
 from resq.catalog import AsyncModelCatalog
@@ -25,6 +28,8 @@ from resq.recovery.leases import register_lease
 from resq.recovery.reaper import Reaper
 from resq.redis_client import async_redis, sync_redis
 from resq.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,6 +45,8 @@ class AppState:
     # Finds lost work (dead GPU workers, dead post-processors, lost messages); see resq.recovery.
     reaper_redis: Redis
     reaper: Reaper
+    keyring: KeyRing
+    rate_limiter: RateLimiter | None
     # Celery's publisher is blocking: it runs on a few threads, off the event loop.
     publisher_pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=4, thread_name_prefix="celery-publish")
@@ -48,6 +55,7 @@ class AppState:
     @classmethod
     def build(cls, settings: Settings) -> AppState:
         """Clients for ``settings`` (nothing connects until first use), and a running reaper."""
+        keyring = load_keyring(settings)
         redis = async_redis(settings.redis_url)
         celery = make_celery(settings)
         holder_id = new_worker_id("api")
@@ -70,6 +78,8 @@ class AppState:
             inline=inline,
             reaper_redis=reaper_redis,
             reaper=reaper,
+            keyring=keyring,
+            rate_limiter=RateLimiter(redis, settings.rate_limit_rpm) if settings.rate_limit_rpm else None,
         )
 
     async def send_task(self, name: str, queue: str, kwargs: dict[str, Any]) -> None:
@@ -111,3 +121,18 @@ class AppState:
         self.reaper_redis.close()
         await EventHub.close_for(self.redis)
         await self.redis.aclose()
+
+
+def load_keyring(settings: Settings) -> KeyRing:
+    """The API keys of ``settings`` (a bad key file stops the start-up); warns once when there are none."""
+    api_keys = parse_api_keys(settings.api_keys.get_secret_value() if settings.api_keys else None)
+    secret = settings.owner_secret.get_secret_value().encode() if settings.owner_secret else None
+    keyring = KeyRing(api_keys, secret)
+    if keyring.open:
+        log.warning(
+            "RESQ_API_KEYS is empty: /v1 is open to anyone who can reach this port, and every "
+            "caller shares the same responses (docs/security.md)"
+        )
+    else:
+        log.info("API keys: %d configured; /v1 requires one", len(keyring))
+    return keyring

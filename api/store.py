@@ -4,8 +4,9 @@ The routes never read a response record themselves. :meth:`ResponseStore.get`
 checks the id's shape (400), that the response exists, was stored
 (``store=true``) and that the caller may see it (404 otherwise, with the same
 message, so that nobody learns whether a foreign id exists).
-:meth:`ResponseStore.visible` is the one place where ownership is decided, so
-authentication plugs in there and in :func:`api.deps.get_caller` only.
+:meth:`ResponseStore.visible` is the one place where ownership is decided: the
+record's ``owner`` (the creating key's fingerprint, written once by the API at
+submission; workers never write it) must be the caller's.
 """
 
 from __future__ import annotations

@@ -50,6 +50,11 @@ REAPER_LOCK = f"{PREFIX}:reaper:lock"
 """String: held (with a short expiry) by the process running the current reaper pass."""
 
 
+def rate_limit(caller: str) -> str:
+    """Hash: the token bucket (``tokens``, ``at`` ms) of one API key's fingerprint; expires once full."""
+    return f"{PREFIX}:ratelimit:{caller}"
+
+
 def tokenizer(sha256: str) -> str:
     """String: a ``tokenizer.json`` by content hash (shared by all models that use it)."""
     return f"{PREFIX}:tokenizer:{sha256}"

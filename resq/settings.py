@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from resq.postprocess.parsers import REASONING_PARSERS, TOOL_PARSERS
@@ -126,6 +126,28 @@ class Settings(BaseSettings):
         ),
     )
 
+    # --- security (docs/security.md) ------------------------------------------------------------
+    api_keys: SecretStr | None = Field(
+        None,
+        description=(
+            "API keys clients send as `Authorization: Bearer <key>` on `/v1/*`: a comma-separated list, "
+            "or `@/path/to/file` with one key per line (`#` comments and blank lines ignored). "
+            "Unset or empty: the API is open (a warning is logged at start-up)."
+        ),
+    )
+    owner_secret: SecretStr | None = Field(
+        None,
+        description=(
+            "HMAC key of the fingerprints that record which API key owns a response; unset: a fixed "
+            "built-in key. Changing it orphans every stored response."
+        ),
+    )
+    rate_limit_rpm: int = Field(
+        0,
+        ge=0,
+        description="Requests per minute each API key may send to `/v1/*` (token bucket); 0: no limit.",
+    )
+
     # --- liveness ------------------------------------------------------------------------------
     heartbeat_s: float = Field(2.0, gt=0, description="Seconds between worker heartbeats.")
     worker_ttl_s: float = Field(
@@ -219,6 +241,8 @@ class Settings(BaseSettings):
         for name, value in self.model_dump().items():
             if value is None:
                 continue
+            if isinstance(value, SecretStr):  # children need the secret itself, not its mask
+                value = value.get_secret_value()
             env[f"RESQ_{name.upper()}"] = str(value)
         return env
 
