@@ -1,0 +1,260 @@
+"""API keys end to end: 401 without a valid key on every ``/v1`` endpoint, responses isolated between
+keys (404 / ``previous_response_not_found`` for another key's response), the per-key rate limit,
+and no key in Redis or in the logs; the official SDK in strict mode.
+
+One API process with the keys (in a key file) serves the whole module. It runs in the inline
+post-processing mode only: auth lives in the API process, before anything reaches a worker, and
+ownership is written by the API at submission (workers never touch the ``owner`` field, see
+tests/unit/test_auth.py), so the parametrised two-mode ``stack`` would only double the runtime.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import redis
+from openai import OpenAI
+
+from api.auth import fingerprint
+from tests.e2e.conftest import MODEL, Stack, start_stack
+from tests.fixture_model import scenario
+from tests.support.processes import RoleProcess
+
+pytestmark = pytest.mark.e2e
+
+KEY_A = "sk-resq-test-alice-0123456789abcdef"
+KEY_B = "sk-resq-test-bob-fedcba9876543210"
+KEY_C = "sk-resq-test-carol-rate-limited-00"
+"""Only the rate-limit test uses key C, so the other tests never meet the limit."""
+
+RATE_LIMIT_RPM = 120
+"""Per key: a burst of 120 requests, then 2 a second (a wait of 1 s when out)."""
+
+WAIT_S = 240.0
+MISSING_MESSAGE = (
+    "You didn't provide an API key. You need to provide your API key in an Authorization header "
+    "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+)
+
+
+@pytest.fixture(scope="module")
+def auth_stack(
+    gpu_worker: RoleProcess, base_env: dict[str, str], log_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    """An API that knows keys A, B and C (from a key file) and limits each to 120 requests a minute."""
+    key_file = tmp_path_factory.mktemp("auth") / "api-keys"
+    key_file.write_text(f"# resq test keys\n{KEY_A}\n\n{KEY_B}\n{KEY_C}\n")
+    env = {**base_env, "RESQ_API_KEYS": f"@{key_file}", "RESQ_RATE_LIMIT_RPM": str(RATE_LIMIT_RPM)}
+    started = start_stack(env, log_dir, 0, "auth")
+    try:
+        yield started
+    finally:
+        started.group.stop_all()
+
+
+def sdk(stack: Stack, api_key: str) -> OpenAI:
+    """The strict SDK client with ``api_key``."""
+    return OpenAI(
+        base_url=f"{stack.base_url}/v1",
+        api_key=api_key,
+        max_retries=0,
+        timeout=120,
+        _strict_response_validation=True,
+    )
+
+
+def error_of(reply: httpx.Response) -> dict[str, Any]:
+    """The OpenAI error envelope's inner object, checked to have exactly the four keys."""
+    error: dict[str, Any] = reply.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return error
+
+
+def finished_background(client: OpenAI) -> str:
+    """A stored background response of ``client``'s key, once it completed."""
+    created = client.responses.create(model=MODEL, input="Say hello.", temperature=0, background=True)
+    deadline = time.monotonic() + WAIT_S
+    while client.responses.retrieve(created.id).status in ("queued", "in_progress"):
+        assert time.monotonic() < deadline, "the background response did not finish"
+        time.sleep(0.1)
+    return created.id
+
+
+def every_v1_call(client: OpenAI, response_id: str) -> list[tuple[str, Any]]:
+    """One SDK call of each ``/v1`` endpoint, as ``(name, thunk)``."""
+    return [
+        ("models.list", lambda: client.models.list()),
+        ("responses.create", lambda: client.responses.create(model=MODEL, input="Say hello.")),
+        (
+            "responses.create stream",
+            lambda: client.responses.create(model=MODEL, input="Say hello.", stream=True),
+        ),
+        ("responses.retrieve", lambda: client.responses.retrieve(response_id)),
+        ("responses.retrieve stream", lambda: client.responses.retrieve(response_id, stream=True)),
+        ("responses.cancel", lambda: client.responses.cancel(response_id)),
+        ("responses.delete", lambda: client.responses.delete(response_id)),
+        ("responses.input_items.list", lambda: client.responses.input_items.list(response_id)),
+    ]
+
+
+def test_every_v1_endpoint_needs_a_valid_key(auth_stack: Stack, redis_client: redis.Redis) -> None:
+    owned = finished_background(sdk(auth_stack, KEY_A))
+    for name, call in every_v1_call(sdk(auth_stack, "sk-not-a-key"), owned):
+        with pytest.raises(openai.AuthenticationError) as caught:
+            call()
+        assert caught.value.status_code == 401, name
+        assert caught.value.code == "invalid_api_key", name
+        assert caught.value.body == {
+            "message": "Incorrect API key provided.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "invalid_api_key",
+        }, name
+
+    base = auth_stack.base_url
+    requests = [
+        ("GET", "/v1/models", None),
+        ("POST", "/v1/responses", {"model": MODEL, "input": "Say hello."}),
+        ("GET", f"/v1/responses/{owned}", None),
+        ("GET", f"/v1/responses/{owned}?stream=true", None),
+        ("POST", f"/v1/responses/{owned}/cancel", None),
+        ("DELETE", f"/v1/responses/{owned}", None),
+        ("GET", f"/v1/responses/{owned}/input_items", None),
+        # The gate answers before routing and parsing: nothing else about the request shows.
+        ("GET", "/v1/no-such-endpoint", None),
+        ("GET", "/v1/responses/not-an-id", None),
+    ]
+    for method, path, body in requests:
+        for headers in ({}, {"Authorization": f"Basic {KEY_A}"}, {"Authorization": "Bearer"}):
+            reply = httpx.request(method, f"{base}{path}", json=body, headers=headers, timeout=30)
+            assert reply.status_code == 401, (method, path, headers, reply.text)
+            assert error_of(reply) == {
+                "message": MISSING_MESSAGE,
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "invalid_api_key",
+            }
+            assert reply.headers["www-authenticate"] == "Bearer"
+    malformed = httpx.post(
+        f"{base}/v1/responses", content=b"{not json", headers={"Authorization": "Bearer nope"}, timeout=30
+    )
+    assert malformed.status_code == 401 and error_of(malformed)["code"] == "invalid_api_key"
+
+    # Health checks and scrapes stay open.
+    assert httpx.get(f"{base}/health", timeout=30).status_code == 200
+    assert httpx.get(f"{base}/metrics", timeout=30).status_code == 200
+    # None of the refused calls touched the response.
+    assert sdk(auth_stack, KEY_A).responses.retrieve(owned).status == "completed"
+    assert redis_client.hget(f"resq:{{{owned}}}:response", "owner") == fingerprint(KEY_A).encode()
+
+
+def test_another_key_cannot_reach_a_response(auth_stack: Stack, redis_client: redis.Redis) -> None:
+    alice, bob = sdk(auth_stack, KEY_A), sdk(auth_stack, KEY_B)
+    owned = finished_background(alice)
+    not_found = f"Response with id '{owned}' not found."
+
+    for call in (
+        lambda: bob.responses.retrieve(owned),
+        lambda: bob.responses.retrieve(owned, stream=True),
+        lambda: bob.responses.cancel(owned),
+        lambda: bob.responses.delete(owned),
+        lambda: bob.responses.input_items.list(owned),
+    ):
+        with pytest.raises(openai.NotFoundError) as caught:
+            call()
+        assert isinstance(caught.value.body, dict) and caught.value.body["message"] == not_found
+    # The stream resume, on the wire: the same 404 as for an id that never existed.
+    for path in (f"/v1/responses/{owned}?stream=true&starting_after=0", f"/v1/responses/{owned}"):
+        reply = httpx.get(
+            f"{auth_stack.base_url}{path}", headers={"Authorization": f"Bearer {KEY_B}"}, timeout=30
+        )
+        assert reply.status_code == 404 and error_of(reply)["message"] == not_found
+    with pytest.raises(openai.BadRequestError) as previous:
+        bob.responses.create(model=MODEL, input="Continue.", previous_response_id=owned)
+    assert isinstance(previous.value.body, dict)
+    assert previous.value.body["code"] == "previous_response_not_found"
+    assert previous.value.body["param"] == "previous_response_id"
+
+    # Bob's responses are Bob's: he continues his own conversation.
+    own = bob.responses.create(model=MODEL, input="Say hello.", temperature=0)
+    follow_up = bob.responses.create(
+        model=MODEL, input="Again.", previous_response_id=own.id, max_output_tokens=16
+    )
+    assert follow_up.previous_response_id == own.id
+
+    # Alice still has everything, untouched by Bob's attempts.
+    retrieved = alice.responses.retrieve(owned)
+    assert retrieved.status == "completed" and retrieved.output_text == scenario("hello").completion
+    with alice.responses.retrieve(owned, stream=True) as events:
+        types = [event.type for event in events]
+    assert types[0] == "response.created" and types[-1] == "response.completed"
+    assert [item.type for item in alice.responses.input_items.list(owned).data] == ["message"]
+    continued = alice.responses.create(
+        model=MODEL, input="Again.", previous_response_id=owned, temperature=0, max_output_tokens=16
+    )
+    assert continued.previous_response_id == owned
+    assert alice.responses.cancel(owned).status == "completed"  # ended before the cancel: kept as is
+
+    # The record names its owner by fingerprint; the key itself is nowhere in Redis.
+    record = redis_client.hgetall(f"resq:{{{owned}}}:response")
+    assert record[b"owner"] == fingerprint(KEY_A).encode()
+    assert not any(KEY_A.encode() in value for value in record.values())
+    for key in redis_client.scan_iter(match=f"resq:{{{owned}}}:*"):
+        if redis_client.type(key) == b"string":
+            assert KEY_A.encode() not in (redis_client.get(key) or b"")
+
+    alice.responses.delete(owned)
+    with pytest.raises(openai.NotFoundError):
+        alice.responses.retrieve(owned)
+
+
+def test_a_key_over_its_rate_limit_gets_429_then_recovers(auth_stack: Stack) -> None:
+    carol = sdk(auth_stack, KEY_C)
+    limited: openai.RateLimitError | None = None
+    # The bucket holds RATE_LIMIT_RPM tokens and refills 2 a second: a fast loop empties it.
+    for _ in range(RATE_LIMIT_RPM * 3):
+        try:
+            carol.models.list()
+        except openai.RateLimitError as exc:
+            limited = exc
+            break
+    assert limited is not None, "the rate limit never answered 429"
+    assert limited.status_code == 429
+    assert isinstance(limited.body, dict)
+    assert limited.body["code"] == "rate_limit_exceeded" and limited.body["type"] == "requests"
+    assert limited.body["param"] is None and "RPM" in limited.body["message"]
+    retry_after = limited.response.headers["retry-after"]
+    assert retry_after.isdigit() and 1 <= int(retry_after) <= 2
+
+    # Other keys have their own buckets.
+    assert sdk(auth_stack, KEY_A).models.list().data[0].id == MODEL
+    time.sleep(int(retry_after))
+    assert carol.models.list().data[0].id == MODEL
+    # Every /v1 request takes a token, whatever its answer: these 404 until the bucket is empty.
+    answers: list[int] = []
+    while not answers or answers[-1] == 404:
+        assert len(answers) < RATE_LIMIT_RPM * 3, "the rate limit never answered 429"
+        try:
+            carol.responses.retrieve("resp_" + "0" * 32)
+        except openai.APIStatusError as exc:
+            answers.append(exc.status_code)
+    assert answers[-1] == 429 and len(answers) > 1
+    # Unauthenticated requests never reach (nor drain) a bucket.
+    reply = httpx.get(f"{auth_stack.base_url}/v1/models", timeout=30)
+    assert reply.status_code == 401
+
+
+def test_no_key_reaches_the_logs(auth_stack: Stack) -> None:
+    # Runs last in the module: every request above has been logged by now.
+    log = auth_stack.api.log_path.read_text(errors="replace")
+    assert "refused (401): invalid_api_key" in log
+    assert "refused (429): rate_limit_exceeded" in log
+    assert "API keys: 3 configured" in log and "RESQ_API_KEYS is empty" not in log
+    for key in (KEY_A, KEY_B, KEY_C, "sk-not-a-key"):
+        assert key not in log
