@@ -249,12 +249,17 @@ def test_a_key_over_its_rate_limit_gets_429_then_recovers(auth_stack: Stack) -> 
     reply = httpx.get(f"{auth_stack.base_url}/v1/models", timeout=30)
     assert reply.status_code == 401
 
+    assert "refused (429): rate_limit_exceeded" in auth_stack.api.log_path.read_text(errors="replace")
+
 
 def test_no_key_reaches_the_logs(auth_stack: Stack) -> None:
-    # Runs last in the module: every request above has been logged by now.
+    for api_key in (KEY_A, KEY_B):
+        assert sdk(auth_stack, api_key).models.list().data
+    with pytest.raises(openai.AuthenticationError):
+        sdk(auth_stack, "sk-not-a-key").models.list()
+    # Also every request the module made before this test, when run whole.
     log = auth_stack.api.log_path.read_text(errors="replace")
     assert "refused (401): invalid_api_key" in log
-    assert "refused (429): rate_limit_exceeded" in log
     assert "API keys: 3 configured" in log and "RESQ_API_KEYS is empty" not in log
     for key in (KEY_A, KEY_B, KEY_C, "sk-not-a-key"):
         assert key not in log
