@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from api.body_limit import BodySizeLimit
 from api.errors import install_error_handlers
 from api.gate import Gate
 from api.log_context import ResponseLogContext
@@ -37,7 +38,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(models.router)
     app.include_router(health.router)
     app.include_router(metrics.router)
-    # The last added runs first: metrics see every request, the gate runs just before routing.
+    # The last added runs first: metrics see every request, then the gate (a request without a
+    # valid key is refused before its body is read), then the body limit, then routing.
+    app.add_middleware(BodySizeLimit, max_bytes=resolved.max_body_bytes)
     app.add_middleware(Gate)
     app.add_middleware(ResponseLogContext)
     app.add_middleware(HTTPMetricsMiddleware)

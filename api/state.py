@@ -89,16 +89,21 @@ class AppState:
             self.publisher_pool, lambda: self.celery.send_task(name, kwargs=kwargs, queue=queue)
         )
 
-    async def track_for_recovery(self, response_id: str) -> None:
+    async def track_for_recovery(self, response_id: str) -> bool:
         """List a new response with the reaper, before anything else of it is written.
 
         If this process dies at any point after this, the reaper finds the response:
-        its generation job or its post-processor is dispatched again.
+        its generation job or its post-processor is dispatched again. False (nothing
+        written) when ``RESQ_MAX_PENDING`` generations are queued or running already.
         """
         pipe = self.redis.pipeline(transaction=False)
-        generations.track(pipe, response_id, time.time())
+        generations.admit(pipe, response_id, time.time(), self.settings.max_pending)
+        if not (await pipe.execute())[0]:
+            return False
+        pipe = self.redis.pipeline(transaction=False)
         register_lease(pipe, response_id, self.settings.postprocess_lease_s)
         await pipe.execute()
+        return True
 
     async def dispatch_generation(self, response_id: str) -> None:
         """Send the generation message of a staged job without blocking the event loop."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from api.caller import Caller
-from api.errors import OpenAIError, invalid_value
+from api.errors import OpenAIError, invalid_value, rate_limited
 from api.generation_plan import GenerationPlan, plan_generation
 from api.input_items import normalise_input
 from api.schemas import CreateResponseRequest
@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TEMPERATURE = 1.0
 DEFAULT_TOP_P = 1.0
+RETRY_AFTER_S = 1
+"""``Retry-After`` of a 429 at capacity: slots free as generations end, typically within seconds."""
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,12 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
     store = True if request.store is None else request.store
     if background and not store:
         raise invalid_value("Background responses require 'store' to be true.", "background")
+    cap = settings.max_output_tokens_cap
+    if request.max_output_tokens is not None and request.max_output_tokens > cap:
+        raise invalid_value(
+            f"Invalid 'max_output_tokens': {request.max_output_tokens}. This server allows at most {cap}.",
+            "max_output_tokens",
+        )
 
     tokenizer = await state.catalog.get(request.model)
     if tokenizer is None:
@@ -179,7 +187,7 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
     forced_ids = tokenizer.encode(plan.forced_prefix) if plan.forced_prefix else []
     prompt_ids = render_prompt(tokenizer, messages, plan) + forced_ids
     limit = generation_limit(
-        request, len(prompt_ids), tokenizer.card.context_length, settings.default_max_output_tokens
+        request, len(prompt_ids), tokenizer.card.context_length, min(settings.default_max_output_tokens, cap)
     )
 
     model = tokenizer.card.name
@@ -217,7 +225,12 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
 
     created_json = jsonutil.dumps(created)
     ttl = settings.transient_ttl_s
-    await state.track_for_recovery(response_id)
+    if not await state.track_for_recovery(response_id):
+        raise rate_limited(
+            f"The server is at capacity ({settings.max_pending} generations queued or running); "
+            "please retry shortly.",
+            RETRY_AFTER_S,
+        )
     pipe = state.redis.pipeline(transaction=True)
     pipe.hset(
         keys.record(response_id),

@@ -117,6 +117,20 @@ class Settings(BaseSettings):
         3600, ge=60, description="TTL of the keys of a response in flight, and of `store=false` responses."
     )
     store_ttl_s: int = Field(30 * 86400, ge=60, description="TTL of stored responses (`store=true`).")
+    max_pending: int = Field(
+        256,
+        ge=1,
+        description=(
+            "Most generations queued or running across the cluster; a request past it gets a 429 "
+            "(`rate_limit_exceeded`) with `Retry-After`, instead of waiting in an unbounded queue."
+        ),
+    )
+    max_body_bytes: int = Field(
+        8 * 1024 * 1024, ge=1024, description="Largest request body the API reads; larger ones get a 413."
+    )
+    max_output_tokens_cap: int = Field(
+        32768, ge=1, description="Largest `max_output_tokens` a request may ask for; above it, a 400."
+    )
     cancel_wait_s: float = Field(
         10.0,
         ge=0,

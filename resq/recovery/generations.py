@@ -145,6 +145,18 @@ redis.call('HSET', KEYS[1], 'state', ARGV[3])
 return 1
 """
 
+ADMIT_LUA: Final = """
+-- KEYS[1] the generations set; ARGV: response id, unix time, most generations listed.
+-- Lists the response (as track does) only while fewer than the limit are: one script, so
+-- the bound on queued plus running generations holds across every API process.
+-- Returns 1 when listed, 0 when the set is full.
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then
+  return 0
+end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+return 1
+"""
+
 AnyPipeline = Pipeline | AsyncPipeline
 ClaimOutcome = Literal["claimed", "owned", "finished", "failed", "missing"]
 
@@ -225,6 +237,16 @@ def stage(pipe: AnyPipeline, job: GenerationJob, ttl_s: int, now_ms: int) -> Non
 def track(pipe: AnyPipeline, response_id: str, now_s: float) -> None:
     """Queue the command that puts a job on the reaper's list (before the job is staged)."""
     pipe.zadd(keys.GENERATIONS, {response_id: now_s})
+
+
+def admit(pipe: AnyPipeline, response_id: str, now_s: float, max_pending: int) -> None:
+    """Queue :func:`track` bounded by ``max_pending`` (``RESQ_MAX_PENDING``); its reply is 1 or 0.
+
+    The set is the backpressure count and cannot leak: the GPU worker removes an entry
+    when its job ends (finished, failed, cancelled), and the reaper removes entries
+    whose job ended otherwise or whose response was deleted (see :mod:`resq.recovery.reaper`).
+    """
+    pipe.eval(ADMIT_LUA, 1, keys.GENERATIONS, response_id, repr(now_s), max_pending)
 
 
 def _flatten(fields: StreamFields) -> list[EncodableT]:

@@ -363,3 +363,36 @@ def test_listed_generations_that_vanished_or_ended_are_dropped(
     reaper, _ = reaper_for(r, private_redis.url)
     reaper.reap_generations(now)
     assert r.zrange(keys.GENERATIONS, 0, -1) == [OTHER.encode()]
+
+
+# --- backpressure: admission into the generations set ---------------------------------------------
+
+
+def admit(r: redis.Redis, response_id: str, limit: int, at: float = 0.0) -> int:
+    pipe = r.pipeline(transaction=False)
+    generations.admit(pipe, response_id, at or time.time(), limit)
+    return int(pipe.execute()[0])
+
+
+def test_admission_is_bounded_and_frees_as_generations_end(r: redis.Redis) -> None:
+    ids = [f"resp_{index:032x}" for index in range(4)]
+    assert [admit(r, response_id, 3) for response_id in ids] == [1, 1, 1, 0]
+    assert r.zcard(keys.GENERATIONS) == 3
+    assert r.zscore(keys.GENERATIONS, ids[3]) is None  # a refused response is not listed
+    Generations(r, TTL_S).forget(ids[0])  # what the GPU worker does when a job ends
+    assert admit(r, ids[3], 3) == 1
+    assert set(r.zrange(keys.GENERATIONS, 0, -1)) == {rid.encode() for rid in ids[1:]}
+
+
+def test_reaper_frees_the_slots_of_vanished_and_ended_generations(r: redis.Redis) -> None:
+    """A slot cannot leak: a deleted response (no hash) and an ended job both leave the set."""
+    now = time.time()
+    ended = job(OTHER)
+    stage(r, ended, now)
+    r.hset(keys.generation(OTHER), "state", generations.FINISHED)  # its GPU worker died before the ZREM
+    assert admit(r, RESPONSE, 2, now - 120) == 1  # listed long ago, its keys since deleted
+    assert admit(r, "resp_" + "c" * 32, 2) == 0
+    reaper = Reaper(r, Settings(), "api-test", send_generation=lambda _: None)
+    reaper.reap_generations(now)
+    assert r.zcard(keys.GENERATIONS) == 0
+    assert admit(r, "resp_" + "c" * 32, 2) == 1

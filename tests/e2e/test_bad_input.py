@@ -1,0 +1,406 @@
+"""Hostile and malformed input: every case gets its exact 4xx and OpenAI error, and harms nothing.
+
+The matrix runs against an API of its own with small limits (body size, output-token cap).
+After every case a normal request must still succeed, and a response stored before the
+matrix must read back byte for byte as it was.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from openai import OpenAI, RateLimitError
+
+from tests.e2e.conftest import MODEL, Stack, start_stack
+from tests.fixture_model import scenario
+from tests.support.processes import RoleProcess
+
+pytestmark = pytest.mark.e2e
+
+MAX_BODY_BYTES = 65536
+OUTPUT_TOKENS_CAP = 1000
+UNKNOWN_ID = "resp_" + "0" * 32
+STORED = "{stored}"
+"""Placeholder in a case's path for the id of the response stored before the matrix."""
+INVALID = "invalid_request_error"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad request and the error it must get."""
+
+    name: str
+    status: int
+    code: str | None
+    param: str | None
+    json: Any = None
+    method: str = "POST"
+    path: str = "/v1/responses"
+    params: dict[str, str] = field(default_factory=dict)
+    content: bytes | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    type: str = INVALID
+
+
+def body(**fields: Any) -> dict[str, Any]:
+    """A valid request body with ``fields`` changed (``None`` as a value removes the field)."""
+    merged = {"model": MODEL, "input": "Say hello.", **fields}
+    return {key: value for key, value in merged.items() if value is not None}
+
+
+def _chunks(data: bytes, size: int = 4096) -> Iterator[bytes]:
+    for start in range(0, len(data), size):
+        yield data[start : start + size]
+
+
+LONG_INPUT = "ha " * 1500
+"""More tokens than the fixture model's 1024-position context."""
+
+CASES = [
+    # --- the body as a whole ----------------------------------------------------------------------
+    Case("not_json", 400, "invalid_json", None, content=b'{"model": "fixture", "input": '),
+    Case("json_array", 400, "invalid_type", None, json=[]),
+    Case("json_string", 400, "invalid_type", None, json="hello"),
+    Case("empty_body", 400, "invalid_json", None, content=b""),
+    Case("too_large", 413, "request_too_large", None, json=body(input="x" * MAX_BODY_BYTES)),
+    Case(
+        "too_large_chunked",
+        413,
+        "request_too_large",
+        None,
+        content=b'{"model": "fixture", "input": "' + b"x" * (2 * MAX_BODY_BYTES) + b'"}',
+        headers={"Content-Type": "application/json"},
+    ),
+    # --- fields: presence, unknown, types ----------------------------------------------------------
+    Case("missing_model", 400, "missing_required_parameter", "model", json={"input": "hi"}),
+    Case("empty_model", 400, "invalid_value", "model", json=body(model="")),
+    Case("unknown_model", 404, "model_not_found", "model", json=body(model="no-such-model")),
+    Case("model_wrong_type", 400, "invalid_type", "model", json=body(model=7)),
+    Case("unknown_field", 400, "unknown_parameter", "frobnicate", json=body(frobnicate=1)),
+    Case(
+        "unknown_nested_field",
+        400,
+        "unknown_parameter",
+        "input[0].mood",
+        json=body(input=[{"role": "user", "content": "hi", "mood": "grumpy"}]),
+    ),
+    Case("missing_input", 400, "missing_required_parameter", "input", json=body(input=None)),
+    Case("empty_input_list", 400, "missing_required_parameter", "input", json=body(input=[])),
+    Case("input_wrong_type", 400, "invalid_type", "input", json=body(input=5)),
+    Case(
+        "bad_role",
+        400,
+        "invalid_value",
+        "input[0].role",
+        json=body(input=[{"role": "robot", "content": "x"}]),
+    ),
+    Case(
+        "content_wrong_type",
+        400,
+        "invalid_type",
+        "input[0].content",
+        json=body(input=[{"role": "user", "content": 42}]),
+    ),
+    Case(
+        "image_content",
+        400,
+        "unsupported_parameter",
+        "input[0].content[0].type",
+        json=body(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
+    ),
+    Case("instructions_wrong_type", 400, "invalid_type", "instructions", json=body(instructions=["a"])),
+    Case("stream_wrong_type", 400, "invalid_type", "stream", json=body(stream="maybe")),
+    Case("temperature_wrong_type", 400, "invalid_type", "temperature", json=body(temperature="hot")),
+    Case("temperature_too_high", 400, "invalid_value", "temperature", json=body(temperature=3)),
+    Case("top_p_zero", 400, "invalid_value", "top_p", json=body(top_p=0)),
+    Case("user_too_long", 400, "invalid_value", "user", json=body(user="u" * 257)),
+    Case("background_without_store", 400, "invalid_value", "background", json=body(background=True, store=False)),
+    # --- limits -----------------------------------------------------------------------------------
+    Case("max_output_tokens_zero", 400, "invalid_value", "max_output_tokens", json=body(max_output_tokens=0)),
+    Case(
+        "max_output_tokens_wrong_type",
+        400,
+        "invalid_type",
+        "max_output_tokens",
+        json=body(max_output_tokens="ten"),
+    ),
+    Case(
+        "max_output_tokens_over_cap",
+        400,
+        "invalid_value",
+        "max_output_tokens",
+        json=body(max_output_tokens=OUTPUT_TOKENS_CAP + 1),
+    ),
+    Case(
+        "max_output_tokens_huge",
+        400,
+        "invalid_value",
+        "max_output_tokens",
+        json=body(max_output_tokens=10**30),
+    ),
+    Case(
+        "output_leaves_no_room",
+        400,
+        "context_length_exceeded",
+        "input",
+        json=body(max_output_tokens=OUTPUT_TOKENS_CAP),
+    ),
+    Case("input_over_context", 400, "context_length_exceeded", "input", json=body(input=LONG_INPUT)),
+    Case(
+        "metadata_too_many_keys",
+        400,
+        "invalid_value",
+        "metadata",
+        json=body(metadata={f"k{index}": "v" for index in range(17)}),
+    ),
+    Case("metadata_key_too_long", 400, "invalid_value", "metadata", json=body(metadata={"k" * 65: "v"})),
+    Case("metadata_value_too_long", 400, "invalid_value", "metadata", json=body(metadata={"k": "v" * 513})),
+    Case("metadata_value_not_string", 400, "invalid_type", "metadata.k", json=body(metadata={"k": 1})),
+    # --- unsupported features ---------------------------------------------------------------------
+    Case("truncation_auto", 400, "unsupported_parameter", "truncation", json=body(truncation="auto")),
+    Case("conversation", 400, "unsupported_parameter", "conversation", json=body(conversation="conv_1")),
+    Case(
+        "builtin_tool",
+        400,
+        "unsupported_parameter",
+        "tools[0].type",
+        json=body(tools=[{"type": "web_search"}]),
+    ),
+    Case("tool_choice_without_tools", 400, "invalid_value", "tool_choice", json=body(tool_choice="required")),
+    Case(
+        "json_schema_format",
+        400,
+        "unsupported_parameter",
+        "text.format",
+        json=body(text={"format": {"type": "json_schema", "name": "x", "schema": {}}}),
+    ),
+    Case("unknown_include", 400, "invalid_value", "include", json=body(include=["everything"])),
+    # --- ids --------------------------------------------------------------------------------------
+    Case(
+        "previous_id_malformed",
+        400,
+        "invalid_value",
+        "previous_response_id",
+        json=body(previous_response_id="resp_123"),
+    ),
+    Case(
+        "previous_id_unknown",
+        400,
+        "previous_response_not_found",
+        "previous_response_id",
+        json=body(previous_response_id=UNKNOWN_ID),
+    ),
+    Case("get_malformed_id", 400, "invalid_value", "response_id", method="GET", path="/v1/responses/nope"),
+    Case(
+        "get_overlong_id",
+        400,
+        "invalid_value",
+        "response_id",
+        method="GET",
+        path="/v1/responses/resp_" + "a" * 5000,
+    ),
+    Case("get_unknown_id", 404, None, "response_id", method="GET", path=f"/v1/responses/{UNKNOWN_ID}"),
+    Case("cancel_malformed_id", 400, "invalid_value", "response_id", path="/v1/responses/x/cancel"),
+    Case("cancel_unknown_id", 404, None, "response_id", path=f"/v1/responses/{UNKNOWN_ID}/cancel"),
+    Case("cancel_not_background", 400, "invalid_value", None, path=f"/v1/responses/{STORED}/cancel"),
+    Case("delete_malformed_id", 400, "invalid_value", "response_id", method="DELETE", path="/v1/responses/x"),
+    Case("delete_unknown_id", 404, None, "response_id", method="DELETE", path=f"/v1/responses/{UNKNOWN_ID}"),
+    Case(
+        "input_items_unknown_id",
+        404,
+        None,
+        "response_id",
+        method="GET",
+        path=f"/v1/responses/{UNKNOWN_ID}/input_items",
+    ),
+    # --- query parameters -------------------------------------------------------------------------
+    Case(
+        "stream_query_not_boolean",
+        400,
+        "invalid_value",
+        "stream",
+        method="GET",
+        path=f"/v1/responses/{STORED}",
+        params={"stream": "maybe"},
+    ),
+    Case(
+        "starting_after_negative",
+        400,
+        "invalid_value",
+        "starting_after",
+        method="GET",
+        path=f"/v1/responses/{STORED}",
+        params={"stream": "true", "starting_after": "-1"},
+    ),
+    Case(
+        "starting_after_not_integer",
+        400,
+        "invalid_type",
+        "starting_after",
+        method="GET",
+        path=f"/v1/responses/{STORED}",
+        params={"stream": "true", "starting_after": "ten"},
+    ),
+    Case(
+        "starting_after_too_large",
+        400,
+        "invalid_value",
+        "starting_after",
+        method="GET",
+        path=f"/v1/responses/{STORED}",
+        params={"stream": "true", "starting_after": str(2**64)},
+    ),
+    Case(
+        "input_items_limit_zero",
+        400,
+        "invalid_value",
+        "limit",
+        method="GET",
+        path=f"/v1/responses/{STORED}/input_items",
+        params={"limit": "0"},
+    ),
+    Case(
+        "input_items_limit_not_integer",
+        400,
+        "invalid_value",
+        "limit",
+        method="GET",
+        path=f"/v1/responses/{STORED}/input_items",
+        params={"limit": "many"},
+    ),
+    Case(
+        "input_items_bad_order",
+        400,
+        "invalid_value",
+        "order",
+        method="GET",
+        path=f"/v1/responses/{STORED}/input_items",
+        params={"order": "sideways"},
+    ),
+    Case(
+        "input_items_bad_after",
+        400,
+        "invalid_value",
+        "after",
+        method="GET",
+        path=f"/v1/responses/{STORED}/input_items",
+        params={"after": "msg_nope"},
+    ),
+    # --- routes -----------------------------------------------------------------------------------
+    Case("unknown_route", 404, None, None, method="GET", path="/v1/nothing-here"),
+    Case("wrong_method", 405, None, None, method="PUT", path="/v1/responses"),
+    Case("wrong_method_on_id", 405, None, None, method="PATCH", path=f"/v1/responses/{STORED}"),
+]
+
+
+@pytest.fixture(scope="module")
+def limited(gpu_worker: RoleProcess, base_env: dict[str, str], log_dir: Path) -> Iterator[Stack]:
+    """An API (inline post-processing) with small limits: the matrix's own."""
+    env = {
+        **base_env,
+        "RESQ_MAX_BODY_BYTES": str(MAX_BODY_BYTES),
+        "RESQ_MAX_OUTPUT_TOKENS_CAP": str(OUTPUT_TOKENS_CAP),
+    }
+    started = start_stack(env, log_dir, 0, "limits")
+    try:
+        yield started
+    finally:
+        started.group.stop_all()
+
+
+@pytest.fixture(scope="module")
+def stored(limited: Stack) -> tuple[str, bytes]:
+    """A response stored before the matrix: its id and its JSON as retrieved then."""
+    response = limited.client().responses.create(model=MODEL, input="Say hello.", temperature=0)
+    assert response.status == "completed"
+    reply = httpx.get(f"{limited.base_url}/v1/responses/{response.id}", timeout=30)
+    assert reply.status_code == 200
+    return response.id, reply.content
+
+
+def send(base_url: str, case: Case, stored_id: str) -> httpx.Response:
+    """Send ``case`` as it is (a chunked body when it has ``content`` and no ``json``)."""
+    url = base_url + case.path.replace(STORED, stored_id)
+    with httpx.Client(timeout=60) as http:
+        if case.json is not None:
+            return http.request(case.method, url, json=case.json, params=case.params, headers=case.headers)
+        if case.content:
+            # A generator body goes out chunked: no Content-Length for the server to check first.
+            headers = {"Content-Type": "application/json", **case.headers}
+            return http.request(case.method, url, content=_chunks(case.content), params=case.params, headers=headers)
+        headers = {"Content-Type": "application/json", **case.headers} if case.content == b"" else case.headers
+        return http.request(case.method, url, content=case.content, params=case.params, headers=headers)
+
+
+def test_matrix_has_enough_cases() -> None:
+    assert len(CASES) >= 30
+    assert len({case.name for case in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_bad_input_gets_its_error_and_harms_nothing(
+    limited: Stack, stored: tuple[str, bytes], case: Case
+) -> None:
+    stored_id, stored_json = stored
+    reply = send(limited.base_url, case, stored_id)
+    assert reply.status_code == case.status, reply.text
+    error = reply.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"]
+    assert (error["type"], error["code"], error["param"]) == (case.type, case.code, case.param), error
+
+    # The service is unharmed: a normal request succeeds, the stored response is as it was.
+    response = limited.client().responses.create(model=MODEL, input="Say hello.", temperature=0)
+    assert response.status == "completed"
+    assert response.output_text == scenario("hello").completion
+    again = httpx.get(f"{limited.base_url}/v1/responses/{stored_id}", timeout=30)
+    assert again.status_code == 200 and again.content == stored_json
+
+
+def _wait_for_no_generations(redis_url: str, timeout_s: float = 90.0) -> None:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while client.zcard("resq:generations") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert client.zcard("resq:generations") == 0, "generations of earlier tests still listed"
+    finally:
+        client.close()
+
+
+def test_past_max_pending_new_requests_get_429_with_retry_after(
+    gpu_worker: RoleProcess, base_env: dict[str, str], log_dir: Path, redis_url: str
+) -> None:
+    """Two endless generations fill ``RESQ_MAX_PENDING=2``; the third request waits for a free slot."""
+    api = start_stack({**base_env, "RESQ_MAX_PENDING": "2"}, log_dir, 0, "backpressure")
+    try:
+        _wait_for_no_generations(redis_url)
+        client = api.client()
+        endless = {"model": MODEL, "input": "Repeat forever.", "temperature": 0, "max_output_tokens": 960}
+        running = [client.responses.create(background=True, **endless).id for _ in range(2)]
+        with pytest.raises(RateLimitError) as caught:
+            client.responses.create(model=MODEL, input="Say hello.", temperature=0)
+        assert caught.value.status_code == 429
+        assert caught.value.response.headers["retry-after"] == "1"
+        error = caught.value.body
+        assert isinstance(error, dict)
+        assert (error["type"], error["code"], error["param"]) == ("requests", "rate_limit_exceeded", None)
+        # Streaming requests are refused the same way, before any event.
+        reply = httpx.post(f"{api.base_url}/v1/responses", json={**endless, "stream": True}, timeout=30)
+        assert reply.status_code == 429 and reply.headers["retry-after"] == "1"
+
+        for response_id in running:
+            # Incomplete only if it ran to its limit first (a stalled machine).
+            assert client.responses.cancel(response_id).status in ("cancelled", "incomplete")
+        _wait_for_no_generations(redis_url, 30)
+        response = client.responses.create(model=MODEL, input="Say hello.", temperature=0)
+        assert response.output_text == scenario("hello").completion
+    finally:
+        api.group.stop_all()
