@@ -12,6 +12,7 @@ from api.errors import install_error_handlers
 from api.gate import Gate
 from api.log_context import ResponseLogContext
 from api.metrics import HTTPMetricsMiddleware
+from api.openapi import resq_openapi
 from api.routes import health, metrics, models, responses, stored
 from api.state import AppState
 from resq import __version__
@@ -38,6 +39,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(models.router)
     app.include_router(health.router)
     app.include_router(metrics.router)
+    app.openapi = lambda: resq_openapi(app)  # type: ignore[method-assign]
     # The last added runs first: metrics see every request, then the gate (a request without a
     # valid key is refused before its body is read), then the body limit, then routing.
     app.add_middleware(BodySizeLimit, max_bytes=resolved.max_body_bytes)
