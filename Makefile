@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 # host PyPI's default Linux wheel (CUDA) is the one wanted.
 TORCH := torch==2.13.0
 
-.PHONY: install run test test-fast lint format clean lock docs compose-config bench bench-quick
+.PHONY: install run test test-fast lint format clean lock docs compose-config bench bench-quick fuzz soak
 
 install: $(STAMP)
 
@@ -26,6 +26,13 @@ test: install  ## The whole test suite (starts real Redis-backed processes)
 
 test-fast: install  ## Unit tests only
 	$(BIN)/python -m pytest tests/unit
+
+fuzz: install  ## Schemathesis against /openapi.json, longer than the suite's run, with shrinking (~10 min)
+	RESQ_FUZZ_EXAMPLES=$${RESQ_FUZZ_EXAMPLES:-300} RESQ_FUZZ_SHRINK=1 $(BIN)/python -m pytest \
+		tests/e2e/test_fuzz.py -s --timeout 3600 -p no:cacheprovider
+
+soak: install  ## 500 concurrent streams for 3 minutes: no event lost or duplicated, bounded RSS
+	$(BIN)/python -m tests.load.soak $(SOAK_ARGS)
 
 lint: install  ## ruff + mypy
 	$(BIN)/ruff check .

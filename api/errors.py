@@ -126,7 +126,7 @@ def validation_error_to_openai(errors: Sequence[Any]) -> OpenAIError:
     error = _pick(errors)
     kind: str = error["type"]
     param = _param_path(error["loc"])
-    if kind == "json_invalid":
+    if kind == "json_invalid" or (kind == "missing" and param is None):  # no body at all
         return OpenAIError(
             400,
             "We could not parse the JSON body of your request. The body must be a JSON object.",

@@ -2,7 +2,8 @@
 
 FastAPI's generated schema promises 422 validation errors, which resq never sends
 (every error is a 4xx in OpenAI's envelope), and knows nothing of the query
-parameters the stored-response routes parse by hand (:mod:`api.query`). This fixes both.
+parameters the stored-response routes parse by hand (:mod:`api.query`), nor the shape
+of a response id. This fixes all three.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from fastapi.openapi.utils import get_openapi
 
 from api.input_items import MAX_LIMIT
 from api.query import MAX_POSITION
+from resq.ids import RESPONSE_ID_PATTERN
 
 ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -74,6 +76,9 @@ def resq_openapi(app: FastAPI) -> dict[str, Any]:
             responses = operation.setdefault("responses", {})
             responses.pop("422", None)
             responses["4XX"] = error_response
+            for parameter in operation.get("parameters", []):
+                if parameter["name"] == "response_id":
+                    parameter["schema"]["pattern"] = RESPONSE_ID_PATTERN.pattern
             extra = QUERY_PARAMETERS.get((path, method))
             if extra:
                 operation["parameters"] = [*operation.get("parameters", []), *extra]

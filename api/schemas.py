@@ -388,6 +388,18 @@ TOP_LOGPROBS_MAX = 20
 class CreateResponseRequest(_Strict):
     """``POST /v1/responses``."""
 
+    # Shown in /openapi.json; fuzzing starts from these (with the served model's name).
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"model": "resq-tiny", "input": "Say hello."},
+                {"model": "resq-tiny", "input": "Say hello.", "stream": True, "max_output_tokens": 8},
+                {"model": "resq-tiny", "input": [{"role": "user", "content": "Hi"}], "background": True},
+            ]
+        },
+    )
+
     model: str = Field(min_length=1)
     input: str | list[InputItem] | None = None
     instructions: str | None = None

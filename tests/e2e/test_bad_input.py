@@ -25,7 +25,8 @@ from tests.support.processes import RoleProcess
 pytestmark = pytest.mark.e2e
 
 MAX_BODY_BYTES = 65536
-OUTPUT_TOKENS_CAP = 1000
+OUTPUT_TOKENS_CAP = 1020
+"""Below the fixture model's 1024-position context, but a prompt plus this many tokens is not."""
 UNKNOWN_ID = "resp_" + "0" * 32
 STORED = "{stored}"
 """Placeholder in a case's path for the id of the response stored before the matrix."""

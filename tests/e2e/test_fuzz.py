@@ -1,7 +1,7 @@
 """Fuzzing the API with schemathesis against its own OpenAPI schema: zero 5xx answers.
 
 A bounded, derandomised run here (``RESQ_FUZZ_EXAMPLES`` examples per operation and
-mode, default 10); ``make fuzz`` runs a longer one with shrinking.
+mode, default 20); ``make fuzz`` runs a longer one with shrinking.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tests.support.processes import RoleProcess
 
 pytestmark = pytest.mark.e2e
 
-EXAMPLES = int(os.environ.get("RESQ_FUZZ_EXAMPLES", "10"))
+EXAMPLES = int(os.environ.get("RESQ_FUZZ_EXAMPLES", "20"))
 SHRINK = os.environ.get("RESQ_FUZZ_SHRINK", "0") == "1"
 
 
@@ -44,10 +44,16 @@ def test_schema_describes_the_create_body(fuzzed: Stack) -> None:
     assert {parameter["name"] for parameter in retrieve["parameters"]} >= {"stream", "starting_after"}
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(3600)
 def test_fuzzing_finds_no_server_error(fuzzed: Stack) -> None:
-    failures = fuzz_api(fuzzed.base_url, MODEL, EXAMPLES, shrink=SHRINK)
-    assert not failures, "\n".join(failures)
+    report = fuzz_api(fuzzed.base_url, MODEL, EXAMPLES, shrink=SHRINK)
+    print(f"fuzz: {report.statuses.total()} requests: {sorted(report.statuses.items())}")
+    assert not report.failures, "\n".join(report.failures)
+    # Some generated requests were valid all the way: they reached the GPU worker.
+    assert report.statuses["POST /v1/responses", 200] > 0, report.statuses
+    assert all(status < 500 for _, status in report.statuses)
     # The service still answers normally.
-    response = fuzzed.client().responses.create(model=MODEL, input="Say hello.", temperature=0)
+    response = fuzzed.client().responses.create(
+        model=MODEL, input="Say hello.", temperature=0, max_output_tokens=16
+    )
     assert response.status == "completed"
