@@ -113,7 +113,12 @@ def _pick(errors: Sequence[Any]) -> dict[str, Any]:
     # For unions pydantic reports one error per branch; the deepest names the real culprit,
     # and errors we raise on purpose (unsupported, limits) beat type mismatches of other branches.
     def rank(error: dict[str, Any]) -> tuple[int, int]:
-        custom = 1 if error["type"] in ("unsupported_parameter", "metadata_limit") else 0
+        custom = (
+            1
+            if error["type"]
+            in ("unsupported_parameter", "metadata_limit", "invalid_unicode", "nesting_limit")
+            else 0
+        )
         return (custom, len(error["loc"]))
 
     return max(errors, key=rank)
@@ -126,6 +131,8 @@ def validation_error_to_openai(errors: Sequence[Any]) -> OpenAIError:
     error = _pick(errors)
     kind: str = error["type"]
     param = _param_path(error["loc"])
+    if kind in ("invalid_unicode", "nesting_limit"):  # from api.schemas.check_raw_body
+        return invalid_value(str(error["msg"]), (error.get("ctx") or {}).get("param"))
     if kind == "json_invalid" or (kind == "missing" and param is None):  # no body at all
         return OpenAIError(
             400,
@@ -141,7 +148,8 @@ def validation_error_to_openai(errors: Sequence[Any]) -> OpenAIError:
     if kind == "union_tag_invalid":
         return invalid_value(f"Invalid value for '{param}': unknown type.", param)
     if _TYPE_ERRORS.search(kind):
-        return invalid_value(f"Invalid type for '{param}': {error['msg']}.", param, "invalid_type")
+        where = f"'{param}'" if param else "the request body (a JSON object is expected)"
+        return invalid_value(f"Invalid type for {where}: {error['msg']}.", param, "invalid_type")
     return invalid_value(f"Invalid value for '{param}': {error['msg']}.", param)
 
 
@@ -159,6 +167,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 400:  # FastAPI could not decode the body (bad encoding, nesting)
+            error = validation_error_to_openai([{"type": "json_invalid", "loc": ("body",), "msg": ""}])
+            return json_response(error.body(), status_code=400)
         messages = {404: "Not found.", 405: "Method not allowed.", 413: "Request body too large."}
         error = OpenAIError(
             exc.status_code,

@@ -60,9 +60,7 @@ def resq_openapi(app: FastAPI) -> dict[str, Any]:
     """The app's OpenAPI schema: OpenAI error envelopes for 4xx, the hand-parsed query parameters."""
     if app.openapi_schema:
         return app.openapi_schema
-    schema = get_openapi(
-        title=app.title, version=app.version, description=app.description, routes=app.routes
-    )
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     components.pop("HTTPValidationError", None)
     components.pop("ValidationError", None)

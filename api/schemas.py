@@ -8,6 +8,7 @@ fields, as the SDK omits what the caller leaves out anyway.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -17,12 +18,57 @@ from pydantic import (
     Field,
     Tag,
     field_validator,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
+MAX_NESTING = 64
+"""Deepest nesting of arrays and objects a request may use (JSON schemas of tools included):
+deeper values would exhaust the recursion of the JSON encoders and the chat template."""
 METADATA_MAX_KEYS = 16
 METADATA_MAX_KEY_CHARS = 64
 METADATA_MAX_VALUE_CHARS = 512
+
+
+def _not_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate ("\\ud800"), which JSON allows and UTF-8 does not
+        return True
+    return False
+
+
+def check_raw_body(body: Any) -> None:
+    """Refuse what no field validator sees: text that is not valid Unicode, and excessive nesting.
+
+    Walks the parsed JSON without recursion; the error's context names the culprit's path.
+    """
+    stack: list[tuple[Any, str, int]] = [(body, "", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > MAX_NESTING:
+            raise PydanticCustomError(
+                "nesting_limit",
+                "The request nests arrays and objects deeper than {limit} levels.",
+                {"limit": MAX_NESTING, "param": re.split(r"[.\[]", path, maxsplit=1)[0] or None},
+            )
+        if isinstance(value, str):
+            if _not_utf8(value):
+                raise PydanticCustomError(
+                    "invalid_unicode",
+                    "The text at '{param}' is not valid Unicode (a lone surrogate).",
+                    {"param": path or None},
+                )
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                child = f"{path}.{key}" if path else str(key)
+                if isinstance(key, str) and _not_utf8(key):
+                    raise PydanticCustomError(
+                        "invalid_unicode", "A key at '{param}' is not valid Unicode.", {"param": path or None}
+                    )
+                stack.append((item, child, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((item, f"{path}[{index}]", depth + 1) for index, item in enumerate(value))
 
 
 def unsupported(what: str) -> PydanticCustomError:
@@ -403,19 +449,20 @@ class CreateResponseRequest(_Strict):
     model: str = Field(min_length=1)
     input: str | list[InputItem] | None = None
     instructions: str | None = None
-    stream: bool | None = None
+    # Strict: JSON's types as they are (no `true` for 1, no "10" for 10, no 1 for true).
+    stream: bool | None = Field(None, strict=True)
     stream_options: StreamOptions | None = None
-    background: bool | None = None
-    store: bool | None = None
+    background: bool | None = Field(None, strict=True)
+    store: bool | None = Field(None, strict=True)
     previous_response_id: str | None = None
-    max_output_tokens: int | None = Field(None, ge=1)
-    max_tool_calls: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
+    max_output_tokens: int | None = Field(None, ge=1, strict=True)
+    max_tool_calls: int | None = Field(None, ge=1, strict=True)
+    temperature: float | None = Field(None, ge=0, le=2, strict=True)
+    top_p: float | None = Field(None, gt=0, le=1, strict=True)
     metadata: dict[str, str] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: bool | None = Field(None, strict=True)
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
     truncation: Literal["auto", "disabled"] | None = None
@@ -434,7 +481,13 @@ class CreateResponseRequest(_Strict):
     prompt: Any = None
     prompt_cache_options: Any = None
     include: list[str] | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS_MAX)
+    top_logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS_MAX, strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sane_body(cls, value: Any) -> Any:
+        check_raw_body(value)
+        return value
 
     @field_validator(*UNSUPPORTED_FIELDS, mode="before")
     @classmethod

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from openai import OpenAI, RateLimitError
+from openai import RateLimitError
 
 from tests.e2e.conftest import MODEL, Stack, start_stack
 from tests.fixture_model import scenario
@@ -61,6 +61,16 @@ def _chunks(data: bytes, size: int = 4096) -> Iterator[bytes]:
         yield data[start : start + size]
 
 
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+DEEP = _nested(100)
+"""Deeper than any JSON schema needs: it would exhaust the JSON encoders' recursion."""
+
 LONG_INPUT = "ha " * 1500
 """More tokens than the fixture model's 1024-position context."""
 
@@ -78,6 +88,27 @@ CASES = [
         None,
         content=b'{"model": "fixture", "input": "' + b"x" * (2 * MAX_BODY_BYTES) + b'"}',
         headers={"Content-Type": "application/json"},
+    ),
+    Case(
+        "form_encoded",
+        400,
+        "invalid_type",
+        None,
+        content=b"model=fixture&input=hi",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    ),
+    Case(
+        "not_utf8", 400, "invalid_json", None, content='{"model": "fixture", "input": "é"}'.encode("latin-1")
+    ),
+    Case(
+        "lone_surrogate", 400, "invalid_value", "input", content=b'{"model": "fixture", "input": "\\ud800"}'
+    ),
+    Case(
+        "nesting_too_deep",
+        400,
+        "invalid_value",
+        "tools",
+        json=body(tools=[{"type": "function", "name": "f", "parameters": {"type": "object", "x": DEEP}}]),
     ),
     # --- fields: presence, unknown, types ----------------------------------------------------------
     Case("missing_model", 400, "missing_required_parameter", "model", json={"input": "hi"}),
@@ -118,11 +149,25 @@ CASES = [
     ),
     Case("instructions_wrong_type", 400, "invalid_type", "instructions", json=body(instructions=["a"])),
     Case("stream_wrong_type", 400, "invalid_type", "stream", json=body(stream="maybe")),
+    Case("stream_as_number", 400, "invalid_type", "stream", json=body(stream=1)),
+    Case(
+        "max_output_tokens_as_bool",
+        400,
+        "invalid_type",
+        "max_output_tokens",
+        json=body(max_output_tokens=True),
+    ),
     Case("temperature_wrong_type", 400, "invalid_type", "temperature", json=body(temperature="hot")),
     Case("temperature_too_high", 400, "invalid_value", "temperature", json=body(temperature=3)),
     Case("top_p_zero", 400, "invalid_value", "top_p", json=body(top_p=0)),
     Case("user_too_long", 400, "invalid_value", "user", json=body(user="u" * 257)),
-    Case("background_without_store", 400, "invalid_value", "background", json=body(background=True, store=False)),
+    Case(
+        "background_without_store",
+        400,
+        "invalid_value",
+        "background",
+        json=body(background=True, store=False),
+    ),
     # --- limits -----------------------------------------------------------------------------------
     Case("max_output_tokens_zero", 400, "invalid_value", "max_output_tokens", json=body(max_output_tokens=0)),
     Case(
@@ -335,8 +380,12 @@ def send(base_url: str, case: Case, stored_id: str) -> httpx.Response:
         if case.content:
             # A generator body goes out chunked: no Content-Length for the server to check first.
             headers = {"Content-Type": "application/json", **case.headers}
-            return http.request(case.method, url, content=_chunks(case.content), params=case.params, headers=headers)
-        headers = {"Content-Type": "application/json", **case.headers} if case.content == b"" else case.headers
+            return http.request(
+                case.method, url, content=_chunks(case.content), params=case.params, headers=headers
+            )
+        headers = (
+            {"Content-Type": "application/json", **case.headers} if case.content == b"" else case.headers
+        )
         return http.request(case.method, url, content=case.content, params=case.params, headers=headers)
 
 

@@ -15,8 +15,8 @@ from typing import Any
 import requests
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis.errors import Unsatisfiable
 from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
 REQUEST_TIMEOUT_S = 120.0
@@ -43,42 +43,54 @@ class FuzzReport:
     """One line per operation and mode that got a 5xx or no answer (the first such request)."""
 
 
+def _fuzz_operation(
+    operation: Any,
+    mode: GenerationMode,
+    base_url: str,
+    model: str,
+    options: dict[str, Any],
+    report: FuzzReport,
+) -> None:
+    """Fuzz one operation in one mode; the first failing request (shrunk, if asked) goes in ``report``."""
+    session = requests.Session()
+    label = operation.label
+
+    @settings(**options)
+    @given(st.tuples(operation.as_strategy(generation_mode=mode), st.sampled_from([model, None])))
+    def check(drawn: tuple[Any, str | None]) -> None:
+        case = _with_model(*drawn)
+        try:
+            response = case.call(base_url=base_url, session=session, timeout=REQUEST_TIMEOUT_S)
+        except requests.RequestException as exc:
+            raise AssertionError(_describe(case, f"no answer ({exc!r})")) from exc
+        report.statuses[label, response.status_code] += 1
+        if response.status_code >= 500:
+            raise AssertionError(_describe(case, f"{response.status_code} {response.text[:300]}"))
+
+    try:
+        check()
+    except Unsatisfiable:
+        pass  # nothing to violate (an operation without parameters has no negative cases)
+    except AssertionError as exc:
+        report.failures.append(f"{label} [{mode.value}]: {exc}")
+    finally:
+        session.close()
+
+
 def fuzz_api(base_url: str, model: str, max_examples: int, shrink: bool = False) -> FuzzReport:
-    """Fuzz every operation of the API at ``base_url``."""
+    """Fuzz every operation of the API at ``base_url``, with positive and negative requests."""
     schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json")
     report = FuzzReport()
-    session = requests.Session()
-    phases = [Phase.explicit, Phase.generate, *([Phase.shrink] if shrink else [])]
+    options: dict[str, Any] = {
+        "max_examples": max_examples,
+        "derandomize": True,
+        "database": None,
+        "deadline": None,
+        "phases": [Phase.explicit, Phase.generate, *([Phase.shrink] if shrink else [])],
+        "suppress_health_check": list(HealthCheck),
+        "report_multiple_bugs": False,
+    }
     for result in schema.get_all_operations():
-        operation = result.ok()
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-            cases = st.tuples(operation.as_strategy(generation_mode=mode), st.sampled_from([model, None]))
-
-            @settings(
-                max_examples=max_examples,
-                derandomize=True,
-                database=None,
-                deadline=None,
-                phases=phases,
-                suppress_health_check=list(HealthCheck),
-                report_multiple_bugs=False,
-            )
-            @given(cases)
-            def check(drawn: tuple[Any, str | None]) -> None:
-                case = _with_model(*drawn)
-                try:
-                    response = case.call(base_url=base_url, session=session, timeout=REQUEST_TIMEOUT_S)
-                except requests.RequestException as exc:
-                    raise AssertionError(_describe(case, f"no answer ({exc!r})")) from exc
-                report.statuses[operation.label, response.status_code] += 1
-                if response.status_code >= 500:
-                    raise AssertionError(_describe(case, f"{response.status_code} {response.text[:300]}"))
-
-            try:
-                check()
-            except Unsatisfiable:
-                continue  # nothing to violate (an operation without parameters has no negative cases)
-            except AssertionError as exc:
-                report.failures.append(f"{operation.label} [{mode.value}]: {exc}")
-    session.close()
+            _fuzz_operation(result.ok(), mode, base_url, model, options, report)
     return report
