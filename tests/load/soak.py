@@ -136,7 +136,10 @@ async def soak(
     quarter into the run (by then every pool, buffer and cache has its working size).
     """
     tally = Tally()
-    limits = httpx.Limits(max_connections=streams + 10, max_keepalive_connections=streams + 10)
+    # One connection per stream, never reused: with hundreds of streams on one client event
+    # loop, a connection may sit idle past the server's keep-alive timeout before its next
+    # request, and the race with the server closing it would look like a server fault.
+    limits = httpx.Limits(max_connections=streams + 10, max_keepalive_connections=0)
     before = _rss(processes)
     samples: list[dict[str, int]] = []
     stop = asyncio.Event()
