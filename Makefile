@@ -27,7 +27,7 @@ test: install  ## The whole test suite (starts real Redis-backed processes)
 test-fast: install  ## Unit tests only
 	$(BIN)/python -m pytest tests/unit
 
-fuzz: install  ## Schemathesis against /openapi.json, longer than the suite's run, with shrinking (~10 min)
+fuzz: install  ## Schemathesis against /openapi.json, longer than the suite's run, with shrinking (a few minutes)
 	RESQ_FUZZ_EXAMPLES=$${RESQ_FUZZ_EXAMPLES:-300} RESQ_FUZZ_SHRINK=1 $(BIN)/python -m pytest \
 		tests/e2e/test_fuzz.py -s --timeout 3600 -p no:cacheprovider
 
