@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from sse_starlette.sse import AppStatus
 
 from api.body_limit import BodySizeLimit
 from api.errors import install_error_handlers
@@ -22,6 +23,10 @@ from resq.settings import Settings, get_settings
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The resq API for ``settings`` (default: from the environment)."""
     resolved = settings or get_settings()
+    # sse-starlette cuts every open stream the moment uvicorn is told to stop, and a cut
+    # stream cancels its foreground generation: leave open streams to uvicorn's graceful
+    # shutdown (`timeout_graceful_shutdown`), as for any other response.
+    AppStatus.disable_automatic_graceful_drain()  # type: ignore[no-untyped-call]  # untyped upstream
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -10,11 +10,11 @@ read for all the logs the process follows, not one per client
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 
 from redis.asyncio import Redis
-from starlette.responses import StreamingResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.types import Message, Send
 
 from api.event_hub import EventHub
 from resq import keys
@@ -24,7 +24,7 @@ from resq.redis_types import optional_bytes, range_entries
 IDLE_CHECK_S = 1.0
 """How often a follower with no new event checks whether its log can still grow."""
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-SSE_PING = b": ping\n\n"
+SSE_SEPARATOR = "\n"
 
 
 def sse_frame(event_type: bytes, data: bytes) -> bytes:
@@ -32,15 +32,38 @@ def sse_frame(event_type: bytes, data: bytes) -> bytes:
     return b"event: " + event_type + b"\ndata: " + data + b"\n\n"
 
 
-def event_stream_response(chunks: AsyncIterator[bytes]) -> StreamingResponse:
-    """The SSE response carrying ``chunks`` (from :func:`sse_chunks`: frames and pings).
+class RelayEventSourceResponse(EventSourceResponse):
+    """sse-starlette's ``EventSourceResponse`` without a cancel scope around each write.
 
-    Starlette's plain ``StreamingResponse``: sse-starlette's ``EventSourceResponse``
-    wrapped every write in a timeout scope and ran a ping task per stream, a quarter
-    of the API's CPU per streamed token. A client that hangs up still cancels the
-    body iterator (Starlette listens for the disconnect).
+    With ``send_timeout=None`` the base class still enters ``anyio.move_on_after(None)``
+    for every chunk, which was two thirds of the class's own CPU under load
+    (``docs/benchmarks.md``, B4). Pings, disconnect and shutdown handling are the
+    base class's.
     """
-    return StreamingResponse(chunks, media_type="text/event-stream", headers=SSE_HEADERS)
+
+    async def _send_with_timeout(self, send: Send, message: Message) -> None:
+        if self.send_timeout is None:
+            await send(message)
+        else:
+            await super()._send_with_timeout(send, message)
+
+
+def _ping() -> ServerSentEvent:
+    # A fixed comment: the default one formats the current time into every ping.
+    return ServerSentEvent(comment="ping", sep=SSE_SEPARATOR)
+
+
+def event_stream_response(chunks: AsyncIterator[bytes], ping_s: float) -> EventSourceResponse:
+    """The SSE response carrying ``chunks`` (from :func:`sse_chunks`), a comment ping every ``ping_s``.
+
+    sse-starlette passes ``bytes`` through unchanged, so the relay's pre-framed
+    chunks are written as they are; it pings, and it cancels the body iterator
+    when the client hangs up (the creating request's ``finally`` then cancels the
+    generation).
+    """
+    return RelayEventSourceResponse(
+        chunks, ping=ping_s, sep=SSE_SEPARATOR, ping_message_factory=_ping, headers=SSE_HEADERS
+    )
 
 
 async def follow_event_batches(
@@ -93,18 +116,11 @@ async def follow_events(
             yield event
 
 
-async def sse_chunks(
-    batches: AsyncIterator[list[tuple[bytes, bytes]]], ping_s: float
-) -> AsyncIterator[bytes]:
-    """The SSE body of :func:`follow_event_batches`: one chunk per batch, a comment ping when idle ``ping_s``."""
-    last_write = time.monotonic()
+async def sse_chunks(batches: AsyncIterator[list[tuple[bytes, bytes]]]) -> AsyncIterator[bytes]:
+    """The SSE body of :func:`follow_event_batches`: one chunk of frames per non-empty batch."""
     async for batch in batches:
         if batch:
-            last_write = time.monotonic()
-            yield b"".join(sse_frame(event_type, data) for event_type, data in batch)
-        elif time.monotonic() - last_write >= ping_s:
-            last_write = time.monotonic()
-            yield SSE_PING
+            yield b"".join([sse_frame(event_type, data) for event_type, data in batch])
 
 
 async def _log_ended(redis: Redis, response_id: str, read_up_to: bytes | str) -> bool:

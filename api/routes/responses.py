@@ -43,7 +43,7 @@ async def _stream_new_response(state: AppState, accepted: Accepted) -> AsyncIter
     finished = False
     try:
         batches = metrics.measured_batches(follow_event_batches(state.redis, accepted.response_id))
-        async for chunk in sse_chunks(batches, state.settings.sse_ping_s):
+        async for chunk in sse_chunks(batches):
             yield chunk
         finished = True
     finally:
@@ -60,7 +60,7 @@ async def create_response(
     """Create a response; ``stream`` picks SSE or one JSON body, ``background`` returns at once."""
     accepted = await accept(state, body, caller)
     if body.stream:
-        return event_stream_response(_stream_new_response(state, accepted))
+        return event_stream_response(_stream_new_response(state, accepted), state.settings.sse_ping_s)
     if accepted.background:
         return json_response(accepted.created)
     return await _wait_for_final(state, accepted, request)

@@ -28,7 +28,7 @@ async def _replay(state: AppState, response_id: str, starting_after: int | None)
     # A client leaving a resumed stream cancels nothing: only the creating request owns
     # the generation (and a background one outlives every stream).
     batches = follow_event_batches(state.redis, response_id, starting_after)
-    async for chunk in sse_chunks(batches, state.settings.sse_ping_s):
+    async for chunk in sse_chunks(batches):
         yield chunk
 
 
@@ -41,7 +41,7 @@ async def retrieve_response(
     starting_after = non_negative_int(request.query_params.get("starting_after"), "starting_after")
     stored = await state.store.get(response_id, caller)
     if stream:
-        return event_stream_response(_replay(state, response_id, starting_after))
+        return event_stream_response(_replay(state, response_id, starting_after), state.settings.sse_ping_s)
     return raw_json_response(stored.current_json())
 
 
