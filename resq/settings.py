@@ -112,7 +112,11 @@ class Settings(BaseSettings):
     )
 
     # --- API -----------------------------------------------------------------------------------
-    sse_ping_s: float = Field(15.0, gt=0, description="Seconds between SSE comment pings on an idle stream.")
+    sse_ping_s: float = Field(
+        15.0,
+        gt=0,
+        description="Seconds between SSE comment pings on every open stream (they keep idle ones alive through proxies).",
+    )
     transient_ttl_s: int = Field(
         3600, ge=60, description="TTL of the keys of a response in flight, and of `store=false` responses."
     )
