@@ -4,10 +4,13 @@ Concurrent requests share engine steps (``model.init_continuous_batching``). The
 engine runs in its own thread; finished and streaming outputs land on a queue
 that :mod:`gpu_worker.publisher` drains, off the engine's critical path.
 
-Sampling is per request through transformers' per-request logits processors:
-temperature, top-p, and top-k = 1 for greedy (``temperature: 0``), since the
-engine's argmax/sampling switch is global. So are the end tokens: a request may
-add its own (``stop_token_ids``) to the model's.
+Sampling is per request. transformers' per-request logits processors carry each
+request's temperature, top-p, and top-k = 1 for greedy (``temperature: 0``) into the
+step, since the engine's argmax/sampling switch is global; resq's own step
+(:mod:`gpu_worker.sampling_step`) then chooses the tokens from those settings
+without running the processors: an all-greedy batch costs one argmax, and only
+rows with ``top_p < 1`` are sorted. The end tokens are per request too: a request
+may add its own (``stop_token_ids``) to the model's.
 
 With ``RESQ_LOGPROBS`` the engine also computes each sampled token's logprob
 under the model's raw distribution (:mod:`gpu_worker.raw_logprobs`), for every
@@ -27,7 +30,7 @@ from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.continuous_batching.requests import GenerationOutput
 
-from gpu_worker import raw_logprobs
+from gpu_worker import raw_logprobs, sampling_step
 from gpu_worker.model_loading import LoadedModel
 from resq.settings import Settings
 from resq.wire import GenerationJob
@@ -51,8 +54,10 @@ class Engine:
     def __init__(self, loaded: LoadedModel, settings: Settings) -> None:
         self._loaded = loaded
         self.logprobs = settings.logprobs
-        if self.logprobs:
-            raw_logprobs.install()
+        # Both wrap the runner's step; installed in this order every time, so resq's step is
+        # the outer one and the raw-logprobs tap only runs for a runner it does not take over.
+        raw_logprobs.install()
+        sampling_step.install()
         self._vocab_size = int(loaded.model.config.get_text_config().vocab_size)
         self.eos_token_ids = frozenset(loaded.card.eos_token_ids)
         self.context_length = loaded.card.context_length
@@ -71,6 +76,8 @@ class Engine:
             generation_config=generation_config,
             continuous_batching_config=self._batching_config(settings, loaded.device),
         )
+        self.fused_sampling = sampling_step.enable(self._manager.logit_processor)
+        """Whether resq's sampling step replaces transformers' processors (False: an unexpected list)."""
 
     @staticmethod
     def _batching_config(settings: Settings, device: torch.device) -> ContinuousBatchingConfig:

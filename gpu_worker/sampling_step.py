@@ -1,0 +1,135 @@
+"""resq's sampling inside transformers' continuous-batching step.
+
+The engine builds its manager with transformers' per-request temperature,
+top-k and top-p processors: they carry each request's settings into the step
+(``add_request(temperature=..., top_k=..., top_p=...)`` becomes one row of
+``batch_data["logits_processor_args"]`` per processor, one column per sampled
+sequence). Running those processors is what costs: two full-vocabulary sorts
+per row per step, greedy rows included, then a softmax and a draw for all.
+
+:func:`install` wraps ``ModelRunner._forward_process_and_sample``. For a runner
+whose processor list :func:`enable` marked, the step runs the model as
+transformers does (carry-over, forward, the logits of the sampled positions in
+float32), then chooses the tokens with :func:`gpu_worker.sampling.next_tokens`
+from the same argument rows: a request with ``top_k == 1`` is greedy (how the
+engine asks for ``temperature: 0``), any other is drawn with its temperature and
+top-p (top-k is otherwise unused by resq). With ``return_logprobs`` it also
+writes each chosen token's logprob under the model's raw distribution, as
+:mod:`gpu_worker.raw_logprobs` does for the unfused step. Runners that were not
+marked (a processor list resq did not expect) run transformers' step unchanged.
+
+When the step is captured in a CUDA graph or compiled (``runner.pad_inputs``),
+the sampler takes its branch-free path, since a decision taken on the host at
+capture time would be replayed for every later batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers.generation.continuous_batching import model_runner
+from transformers.generation.continuous_batching.cb_logits_processors import (
+    ContinuousBatchingLogitsProcessorList,
+    ContinuousBatchingTemperatureLogitsWarper,
+    ContinuousBatchingTopKLogitsWarper,
+    ContinuousBatchingTopPLogitsWarper,
+)
+
+from gpu_worker.raw_logprobs import chosen_token_logprobs
+from gpu_worker.sampling import next_tokens
+
+log = logging.getLogger(__name__)
+
+_ATTRIBUTE = "_forward_process_and_sample"
+_MARK = "_resq_sampling_step"
+_PLAN = "_resq_sampling_rows"
+
+
+@dataclass(frozen=True)
+class ArgumentRows:
+    """Which row of ``logits_processor_args`` holds each per-request setting."""
+
+    temperature: int
+    top_k: int
+    top_p: int
+
+
+def argument_rows(processors: ContinuousBatchingLogitsProcessorList) -> ArgumentRows | None:
+    """The rows of the three per-request settings, or None when the list holds anything else."""
+    kinds = [type(processor) for processor in processors.logits_processor]
+    expected = {
+        ContinuousBatchingTemperatureLogitsWarper,
+        ContinuousBatchingTopKLogitsWarper,
+        ContinuousBatchingTopPLogitsWarper,
+    }
+    if len(kinds) != len(expected) or set(kinds) != expected:
+        return None
+    # Every processor here is a per-request one, so its argument row is its position.
+    return ArgumentRows(
+        temperature=kinds.index(ContinuousBatchingTemperatureLogitsWarper),
+        top_k=kinds.index(ContinuousBatchingTopKLogitsWarper),
+        top_p=kinds.index(ContinuousBatchingTopPLogitsWarper),
+    )
+
+
+def enable(processors: ContinuousBatchingLogitsProcessorList) -> bool:
+    """Let the runners that use ``processors`` sample with resq's step; False when it cannot."""
+    rows = argument_rows(processors)
+    if rows is None:
+        log.warning(
+            "unexpected logits processors %s: sampling with transformers' processors (slower)",
+            [type(processor).__name__ for processor in processors.logits_processor],
+        )
+        return False
+    setattr(processors, _PLAN, rows)
+    return True
+
+
+def choose_tokens(
+    logits: torch.Tensor, arguments: torch.Tensor, rows: ArgumentRows, graph_safe: bool
+) -> torch.Tensor:
+    """The next token of each row of ``logits`` [n, vocab] from the step's argument rows [k, >= n] (int32)."""
+    count = logits.shape[0]
+    temperature = arguments[rows.temperature, :count].view(dtype=torch.float32)
+    top_p = arguments[rows.top_p, :count].view(dtype=torch.float32)
+    greedy = arguments[rows.top_k, :count] == 1
+    return next_tokens(logits, temperature, top_p, greedy, graph_safe=graph_safe)
+
+
+def install() -> None:
+    """Wrap the continuous-batching step of every runner (idempotent); only enabled runners change."""
+    runner_class = model_runner.ModelRunner
+    previous = getattr(runner_class, _ATTRIBUTE)
+    if getattr(previous, _MARK, False):
+        return
+
+    def forward_process_and_sample(
+        self: Any,
+        model: Any,
+        batch_data: dict[str, Any],
+        carry_over_ids: torch.Tensor,
+        prev_output_ids: torch.Tensor,
+        output_ids: torch.Tensor,
+    ) -> None:
+        rows: ArgumentRows | None = getattr(self.logit_processor, _PLAN, None)
+        if rows is None:
+            previous(self, model, batch_data, carry_over_ids, prev_output_ids, output_ids)
+            return
+        # As transformers' step (model_runner.py, 5.x), up to the processed logits.
+        self.inputs_and_outputs.carry_over_tokens(batch_data["input_ids"], carry_over_ids, prev_output_ids)
+        logits = model(**batch_data).logits
+        if "logits_to_keep" not in batch_data:
+            logits = logits[:, batch_data["logits_indices"], :]
+        logits = logits[0].float()
+        tokens = choose_tokens(logits, batch_data["logits_processor_args"], rows, bool(self.pad_inputs))
+        count = tokens.shape[0]
+        output_ids[0, :count].copy_(tokens)
+        if self.return_logprobs:
+            logprobs = chosen_token_logprobs(logits, tokens)
+            output_ids[1, :count].copy_(logprobs.view(dtype=torch.int32))
+
+    setattr(forward_process_and_sample, _MARK, True)
+    setattr(runner_class, _ATTRIBUTE, forward_process_and_sample)
