@@ -5,6 +5,10 @@ active request go out as fenced appends (:mod:`resq.recovery.generations`) in
 one pipeline, and the same round trip asks whether any active request was
 cancelled (client gone, ``POST .../cancel``), so cancellation costs no extra
 trip and the GPU stops spending steps within one step of the flag appearing.
+The start entry of a newly admitted request goes out in the same pipeline, ahead
+of its first tokens (within :data:`IDLE_WAIT_S` when the engine is slower), so
+admission adds nothing between the Celery message and the engine. Pipelines are
+sent with :func:`gpu_worker.pipelines.execute`: one round trip, Lua included.
 
 An append is refused when this worker no longer holds the job's claim (the
 reaper took it away while this worker looked dead): the request is cancelled in
@@ -24,7 +28,7 @@ from dataclasses import dataclass
 from redis import Redis
 from transformers.generation.continuous_batching.requests import GenerationOutput, RequestStatus
 
-from gpu_worker import metrics
+from gpu_worker import metrics, pipelines
 from gpu_worker.engine import Engine
 from resq import keys
 from resq.logs import about
@@ -41,7 +45,10 @@ from resq.wire import FinishEntry, FinishReason, StartEntry, TokensEntry
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.05
-"""How long the publisher waits for engine output before re-checking cancellations."""
+"""How long the publisher waits for engine output before re-checking cancellations (and publishing starts)."""
+
+_START = -2
+_FINISH = -1
 
 
 @dataclass
@@ -55,6 +62,8 @@ class _Tracked:
     logprobs: bool = False
     published: int = 0
     """Tokens of this worker's engine output already appended."""
+    start_pending: bool = False
+    """The start entry is still to be appended (ahead of any token)."""
 
     @property
     def total(self) -> int:
@@ -88,21 +97,24 @@ class TokenPublisher:
         stop_token_ids: Iterable[int] = (),
         logprobs: bool = False,
     ) -> None:
-        """Track a request the engine is about to take, and publish its start entry if missing."""
+        """Track a request the engine is about to take; its start entry, if missing, goes out with the next step."""
         end_tokens = self._engine.eos_token_ids | frozenset(stop_token_ids)
-        tracked = _Tracked(fence, plan.prompt_tokens, plan.already_generated, end_tokens, logprobs)
+        tracked = _Tracked(
+            fence,
+            plan.prompt_tokens,
+            plan.already_generated,
+            end_tokens,
+            logprobs,
+            start_pending=plan.publish_start,
+        )
         with self._lock:
             self._tracked[response_id] = tracked
-        if plan.publish_start:
-            pipe = self._redis.pipeline(transaction=False)
-            self._generations.publish(pipe, response_id, fence, StartEntry(plan.prompt_tokens), 0)
-            pipe.execute()
 
     def finish_unstarted(self, response_id: str, fence: Fence, entry: FinishEntry) -> None:
         """Publish the end of a request that never reached the engine."""
         pipe = self._redis.pipeline(transaction=False)
         self._generations.publish(pipe, response_id, fence, entry, entry.output_tokens)
-        if pipe.execute()[0] in (APPENDED, ALREADY_APPENDED):
+        if pipelines.execute(self._redis, pipe)[0] in (APPENDED, ALREADY_APPENDED):
             self._generations.forget(response_id)
 
     def forget(self, response_id: str) -> None:
@@ -145,10 +157,7 @@ class TokenPublisher:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                outputs = self._engine.next_outputs(IDLE_WAIT_S)
-                for output in outputs:  # outputs are cumulative: the last one per request says it all
-                    self._pending[output.request_id] = output
-                self._publish()
+                self.step(IDLE_WAIT_S)
                 if not self._engine.is_running() and not self._stop.is_set():
                     self._fail_all("The generation engine stopped unexpectedly.")
                     self.fatal_error = RuntimeError("engine thread died")
@@ -159,14 +168,27 @@ class TokenPublisher:
                 if self._stop.is_set():
                     self.fatal_error = exc
 
+    def step(self, wait_s: float) -> None:
+        """Publish what the engine produced (waiting up to ``wait_s`` for it) and check cancellations."""
+        outputs = self._engine.next_outputs(wait_s)
+        for output in outputs:  # outputs are cumulative: the last one per request says it all
+            self._pending[output.request_id] = output
+        self._publish()
+
     def _publish(self) -> None:
         with self._lock:
             active = dict(self._tracked)
         if not self._pending and not active:
             return
         pipe = self._redis.pipeline(transaction=False)
-        appends: list[tuple[str, int]] = []  # (response id, tokens it adds; -1 for a finish entry)
+        # (response id, tokens it adds; _FINISH for a finish entry, _START for a start entry)
+        appends: list[tuple[str, int]] = []
         finishing: dict[str, FinishEntry] = {}
+        for response_id, state in active.items():
+            if state.start_pending:  # queued first: it must precede the request's tokens
+                start = StartEntry(state.prompt_tokens)
+                self._generations.publish(pipe, response_id, state.fence, start, 0)
+                appends.append((response_id, _START))
         for response_id, output in self._pending.items():
             tracked = active.get(response_id)
             if tracked is None:  # cancelled or fenced off meanwhile; its end is handled
@@ -182,12 +204,12 @@ class TokenPublisher:
             if output.is_finished():
                 finish = self._finish_entry(output, tracked)
                 self._generations.publish(pipe, response_id, tracked.fence, finish, finish.output_tokens)
-                appends.append((response_id, -1))
+                appends.append((response_id, _FINISH))
                 finishing[response_id] = finish
         checked = [response_id for response_id in active if response_id not in finishing]
         for response_id in checked:
             pipe.exists(keys.cancel(response_id))
-        results = pipe.execute()
+        results = pipelines.execute(self._redis, pipe)
         self._pending.clear()  # everything in it is published, or belongs to no tracked request
         ended: list[str] = []
         lost: set[str] = set()
@@ -201,6 +223,8 @@ class TokenPublisher:
             elif count >= 0:
                 active[response_id].published += count
                 published += count
+            elif count == _START:
+                active[response_id].start_pending = False
             else:
                 ended.append(response_id)
                 finish = finishing[response_id]
@@ -274,7 +298,7 @@ class TokenPublisher:
             entry = FinishEntry("cancelled", state.prompt_tokens, state.total)
             self._generations.publish(pipe, response_id, state.fence, entry, state.total)
             log.info("cancelled %s after %d tokens", response_id, state.total, extra=about(response_id))
-        pipe.execute()
+        pipelines.execute(self._redis, pipe)
         for response_id in tracked:
             self._end(response_id)
         if tracked:
@@ -287,7 +311,7 @@ class TokenPublisher:
         for response_id, state in tracked.items():
             entry = FinishEntry("error", state.prompt_tokens, state.total, message)
             self._generations.publish(pipe, response_id, state.fence, entry, state.total)
-        pipe.execute()
+        pipelines.execute(self._redis, pipe)
         for response_id in tracked:
             self._end(response_id)
         if tracked:

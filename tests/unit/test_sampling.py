@@ -108,7 +108,7 @@ def test_rows_keep_their_own_settings() -> None:
     temperature = torch.tensor([1.0, 1.0, 1.0]).repeat_interleave(draws)
     top_p = torch.tensor([1.0, 1.0, 0.3]).repeat_interleave(draws)
     tokens = next_tokens(logits, temperature, top_p, greedy, generator=torch.Generator().manual_seed(9))
-    greedy_part, hot_part, nucleus_part = tokens.split(draws)
+    greedy_part, hot_part, nucleus_part = tokens[:draws], tokens[draws : 2 * draws], tokens[2 * draws :]
     assert set(greedy_part.tolist()) == {0}
     assert frequencies(hot_part, 3) == pytest.approx(probs, abs=0.015)
     assert set(nucleus_part.tolist()) == {0}

@@ -1,0 +1,180 @@
+"""The GPU worker's publisher against a real Redis: one round trip per step, start entries in it."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any, cast
+
+import pytest
+import redis
+from transformers.generation.continuous_batching.requests import GenerationOutput, RequestStatus
+
+from gpu_worker import pipelines
+from gpu_worker.engine import Engine
+from gpu_worker.publisher import TokenPublisher
+from resq import keys
+from resq.recovery import generations
+from resq.recovery.generations import Generations, plan_resume
+from resq.recovery.generations import Resumption as Plan
+from resq.redis_types import range_entries
+from resq.wire import FinishEntry, GenerationJob, StartEntry, TokensEntry, TokenStreamEntry, decode_entry
+
+TTL_S = 600
+EOS = 2
+
+
+class FakeEngine:
+    """The part of :class:`Engine` the publisher uses; outputs are fed by the test."""
+
+    eos_token_ids = frozenset({EOS})
+
+    def __init__(self) -> None:
+        self.outputs: list[GenerationOutput] = []
+        self.released = 0
+        self.cancelled: list[str] = []
+
+    def next_outputs(self, timeout_s: float) -> list[GenerationOutput]:
+        if not self.outputs:
+            time.sleep(min(timeout_s, 0.01))
+        outputs, self.outputs = self.outputs, []
+        return outputs
+
+    def is_running(self) -> bool:
+        return True
+
+    def release_slot(self) -> None:
+        self.released += 1
+
+    def cancel(self, response_id: str) -> None:
+        self.cancelled.append(response_id)
+
+
+class CountingPipeline(redis.client.Pipeline):
+    """A pipeline that fails a test if it sends anything outside the pipelined batch."""
+
+    def immediate_execute_command(self, *args: Any, **options: Any) -> Any:
+        raise AssertionError(f"an extra round trip: {args[0]}")
+
+
+@pytest.fixture
+def r(redis_client: redis.Redis) -> Iterator[redis.Redis]:
+    yield redis_client
+
+
+def new_pipeline(client: redis.Redis) -> redis.client.Pipeline:
+    return CountingPipeline(
+        client.connection_pool, client.response_callbacks, transaction=False, shard_hint=None
+    )
+
+
+def staged_job(r: redis.Redis, max_output_tokens: int = 8) -> GenerationJob:
+    job = GenerationJob(
+        response_id="resp_" + uuid.uuid4().hex,
+        model="m",
+        prompt_token_ids=[5, 6, 7],
+        max_output_tokens=max_output_tokens,
+        temperature=0.0,
+        top_p=1.0,
+    )
+    pipe = r.pipeline(transaction=False)
+    generations.stage(pipe, job, TTL_S, int(time.time() * 1000))
+    pipe.execute()
+    return job
+
+
+def stream(r: redis.Redis, response_id: str) -> list[TokenStreamEntry]:
+    return [decode_entry(fields) for _, fields in range_entries(r.xrange(keys.tokens(response_id)))]
+
+
+def test_a_pipeline_of_lua_calls_is_one_round_trip_and_survives_noscript(r: redis.Redis) -> None:
+    # A script text Redis has never seen: the first send meets NOSCRIPT, loads it, resends.
+    script = r.register_script(f"-- {uuid.uuid4().hex}\nreturn redis.call('INCRBY', KEYS[1], ARGV[1])")
+    key = "resq-test:" + uuid.uuid4().hex
+    for expected in ([2, 5, b"5"], [7, 10, b"10"]):
+        pipe = r.pipeline(transaction=False)
+        script(keys=[key], args=[2], client=pipe)
+        script(keys=[key], args=[3], client=pipe)
+        pipe.get(key)
+        # redis-py would send SCRIPT EXISTS first (Pipeline.load_scripts): an extra round trip.
+        pipe.load_scripts = lambda: pytest.fail("SCRIPT EXISTS sent")  # type: ignore[method-assign]
+        assert pipelines.execute(r, pipe) == expected
+    r.delete(key)
+
+
+def test_the_start_entry_goes_out_with_the_first_tokens_in_one_round_trip(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = FakeEngine()
+    gens = Generations(r, TTL_S)
+    publisher = TokenPublisher(r, cast(Engine, engine), gens, dispatch=lambda _: None)
+    job = staged_job(r)
+    claim = gens.claim(job.response_id, "gpu-test")
+    assert claim.fence is not None
+    plan = plan_resume(job, gens.progress(job.response_id), frozenset({EOS}))
+    assert isinstance(plan, Plan) and plan.publish_start
+    publisher.start_request(job.response_id, claim.fence, plan)
+    # Admission itself writes nothing: nothing stands between the Celery message and the engine.
+    assert stream(r, job.response_id) == []
+
+    monkeypatch.setattr(r, "pipeline", lambda transaction=False: new_pipeline(r))
+    engine.outputs.append(
+        GenerationOutput(job.response_id, generated_tokens=[11, 12], status=RequestStatus.DECODING)
+    )
+    publisher.step(0)
+    engine.outputs.append(
+        GenerationOutput(job.response_id, generated_tokens=[11, 12, 13, EOS], status=RequestStatus.FINISHED)
+    )
+    publisher.step(0)
+    assert stream(r, job.response_id) == [
+        StartEntry(3),
+        TokensEntry([11, 12]),
+        TokensEntry([13, EOS]),
+        FinishEntry("stop", 3, 4),
+    ]
+    assert engine.released == 1 and publisher.active_count == 0
+
+
+def test_a_start_entry_goes_out_while_the_engine_is_still_busy(r: redis.Redis) -> None:
+    engine = FakeEngine()
+    gens = Generations(r, TTL_S)
+    publisher = TokenPublisher(r, cast(Engine, engine), gens, dispatch=lambda _: None)
+    job = staged_job(r)
+    claim = gens.claim(job.response_id, "gpu-test")
+    assert claim.fence is not None
+    plan = plan_resume(job, gens.progress(job.response_id), frozenset({EOS}))
+    assert isinstance(plan, Plan)
+    publisher.start()
+    try:
+        publisher.start_request(job.response_id, claim.fence, plan)
+        deadline = time.monotonic() + 5
+        while not stream(r, job.response_id) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert stream(r, job.response_id) == [StartEntry(3)]
+    finally:
+        publisher.stop()
+
+
+def test_a_resumed_request_does_not_repeat_its_start_entry(r: redis.Redis) -> None:
+    engine = FakeEngine()
+    gens = Generations(r, TTL_S)
+    publisher = TokenPublisher(r, cast(Engine, engine), gens, dispatch=lambda _: None)
+    job = staged_job(r)
+    first = gens.claim(job.response_id, "gpu-lost")
+    assert first.fence is not None
+    pipe = r.pipeline(transaction=False)
+    gens.publish(pipe, job.response_id, first.fence, StartEntry(3), 0)
+    gens.publish(pipe, job.response_id, first.fence, TokensEntry([11]), 0)
+    pipe.execute()
+    assert gens.release_lost(job.response_id, first.fence, int(time.time() * 1000)) is not None
+    claim = gens.claim(job.response_id, "gpu-test")
+    assert claim.fence is not None
+    plan = plan_resume(job, gens.progress(job.response_id), frozenset({EOS}))
+    assert isinstance(plan, Plan) and not plan.publish_start
+    publisher.start_request(job.response_id, claim.fence, plan)
+    engine.outputs.append(
+        GenerationOutput(job.response_id, generated_tokens=[12], status=RequestStatus.DECODING)
+    )
+    publisher.step(0)
+    assert stream(r, job.response_id) == [StartEntry(3), TokensEntry([11]), TokensEntry([12])]
