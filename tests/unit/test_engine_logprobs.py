@@ -1,4 +1,4 @@
-"""The GPU worker's engine on the fixture model (CPU): raw-distribution logprobs and per-request stops."""
+"""The GPU worker's engine on the fixture model (CPU): sampling, raw-distribution logprobs, per-request stops."""
 
 from __future__ import annotations
 
@@ -112,3 +112,55 @@ def test_a_request_stop_token_ends_generation_there(engine: Engine, loaded: Load
     assert stopped.generated_tokens[-1] == close
     assert stopped.generated_tokens == free.generated_tokens[: len(stopped.generated_tokens)]
     assert engine.end_tokens(stopping) == sorted(engine.eos_token_ids | {close})
+
+
+def test_the_engine_samples_with_resqs_step(engine: Engine) -> None:
+    # transformers' processor list was the expected one, so its processors never run.
+    assert engine.fused_sampling
+
+
+def test_greedy_generation_repeats_itself_and_is_the_models_argmax(
+    engine: Engine, loaded: LoadedModel
+) -> None:
+    prompt_ids = free_prompt(loaded)
+    first = generate(engine, job("resp_greedy_1", prompt_ids, max_output_tokens=24))
+    second = generate(engine, job("resp_greedy_2", prompt_ids, max_output_tokens=24))
+    assert first.generated_tokens == second.generated_tokens
+    ids = list(prompt_ids)
+    with torch.no_grad():
+        for _ in range(len(first.generated_tokens)):
+            ids.append(int(loaded.model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    assert first.generated_tokens == ids[len(prompt_ids) :]
+
+
+def test_each_request_keeps_its_own_sampling_settings_in_a_shared_batch(
+    engine: Engine, loaded: LoadedModel
+) -> None:
+    prompt_ids = free_prompt(loaded)
+    greedy = generate(engine, job("resp_alone", prompt_ids, max_output_tokens=24)).generated_tokens
+    together = {
+        "resp_mix_greedy": job("resp_mix_greedy", prompt_ids, max_output_tokens=24),
+        # A nucleus of (almost) nothing leaves the argmax, whatever the temperature.
+        "resp_mix_narrow": job(
+            "resp_mix_narrow", prompt_ids, max_output_tokens=24, temperature=1.5, top_p=1e-6
+        ),
+        "resp_mix_hot": job("resp_mix_hot", prompt_ids, max_output_tokens=24, temperature=2.0, top_p=1.0),
+    }
+    finished: dict[str, GenerationOutput] = {}
+    for _ in together:
+        assert engine.acquire_slot(5)
+    try:
+        for request in together.values():
+            engine.add(request)
+        deadline = time.monotonic() + 120
+        while len(finished) < len(together) and time.monotonic() < deadline:
+            for output in engine.next_outputs(0.5):
+                if output.request_id in together and output.is_finished():
+                    finished[output.request_id] = output
+    finally:
+        for _ in together:
+            engine.release_slot()
+    assert finished["resp_mix_greedy"].generated_tokens == greedy
+    assert finished["resp_mix_narrow"].generated_tokens == greedy
+    # At temperature 2 over the whole vocabulary, 24 tokens do not follow the argmax.
+    assert finished["resp_mix_hot"].generated_tokens != greedy
