@@ -486,8 +486,16 @@ class BenchRun:
         redis = Redis.from_url(redis_url)
         postprocess.register(redis, model)
         port = free_port()
+        # No GPU worker runs here, so every held stream is a queued generation: admission
+        # (RESQ_MAX_PENDING, a cluster-wide bound) must let them all in, or this would
+        # measure the bound instead of what one API process holds.
         env = resq_env(
-            redis_url, model, RESQ_PORT=str(port), RESQ_POSTPROCESS_WORKERS="2", RESQ_SSE_PING_S="600"
+            redis_url,
+            model,
+            RESQ_PORT=str(port),
+            RESQ_POSTPROCESS_WORKERS="2",
+            RESQ_SSE_PING_S="600",
+            RESQ_MAX_PENDING=str(count + 64),
         )
         api = self._group.start_role("api", "capacity-api", env)
         base_url = f"http://127.0.0.1:{port}"
