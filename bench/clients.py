@@ -75,85 +75,95 @@ def _timing(started: float, first: float | None, last: float | None, tokens: int
     return StreamTiming(first - started, last - first, last - started, tokens)
 
 
+async def _timed_stream(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, object],
+    is_token: Callable[[bytes], bool],
+    usage_tokens: Callable[[bytes], int | None] | None,
+) -> StreamTiming:
+    """Time one streaming POST: ``is_token`` marks frames carrying tokens; ``usage_tokens`` reads the
+    server's own output-token count from a frame (None: not in this frame); without it, token frames
+    are counted."""
+    started = time.perf_counter()
+    first: float | None = None
+    last: float | None = None
+    counted = 0
+    reported: int | None = None
+    frames = _Frames()
+    async with client.stream("POST", url, json=body) as response:
+        if response.status_code != 200:
+            await response.aread()
+            return StreamTiming(0, 0, 0, 0, f"HTTP {response.status_code}: {response.text[:200]}")
+        async for chunk in response.aiter_raw():
+            now = time.perf_counter()
+            for frame in frames.feed(chunk):
+                if is_token(frame):
+                    first = first or now
+                    last = now
+                    counted += 1
+                # The last report wins: a server may send ``"usage": null`` before the real one.
+                found = usage_tokens(frame) if usage_tokens is not None else None
+                if found is not None:
+                    reported = found
+    tokens = counted if usage_tokens is None else (reported or 0)
+    return _timing(started, first, last, tokens)
+
+
+def _is_resq_delta(frame: bytes) -> bool:
+    return frame.startswith(_RESQ_DELTA)
+
+
+def _resq_usage_tokens(frame: bytes) -> int | None:
+    if not frame.startswith(_RESQ_TERMINAL):
+        return None
+    usage = orjson.loads(_data_of(frame))["response"]["usage"] or {}
+    return int(usage.get("output_tokens", 0))
+
+
+def _is_chat_delta(frame: bytes) -> bool:
+    return b'"delta":{"content":' in frame
+
+
+def _chat_usage_tokens(frame: bytes) -> int | None:
+    if b'"usage":' not in frame:
+        return None
+    usage = orjson.loads(_data_of(frame)).get("usage") or {}
+    return int(usage.get("completion_tokens", 0))
+
+
 async def resq_stream(client: httpx.AsyncClient, base_url: str, model: str, max_tokens: int) -> StreamTiming:
     """One greedy streaming ``POST /v1/responses``."""
-    body = {
+    body: dict[str, object] = {
         "model": model,
         "input": PROMPT,
         "max_output_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
     }
-    started = time.perf_counter()
-    first: float | None = None
-    last: float | None = None
-    tokens = 0
-    frames = _Frames()
-    async with client.stream("POST", f"{base_url}/v1/responses", json=body) as response:
-        if response.status_code != 200:
-            await response.aread()
-            return StreamTiming(0, 0, 0, 0, f"HTTP {response.status_code}: {response.text[:200]}")
-        async for chunk in response.aiter_raw():
-            now = time.perf_counter()
-            for frame in frames.feed(chunk):
-                if frame.startswith(_RESQ_DELTA):
-                    first = first or now
-                    last = now
-                elif frame.startswith(_RESQ_TERMINAL):
-                    usage = orjson.loads(_data_of(frame))["response"]["usage"] or {}
-                    tokens = int(usage.get("output_tokens", 0))
-    return _timing(started, first, last, tokens)
+    return await _timed_stream(client, f"{base_url}/v1/responses", body, _is_resq_delta, _resq_usage_tokens)
 
 
 async def serve_stream(client: httpx.AsyncClient, base_url: str, model: str, max_tokens: int) -> StreamTiming:
     """One greedy streaming ``POST /v1/chat/completions`` (``transformers serve``)."""
-    body = {
+    body: dict[str, object] = {
         "model": model,
         "messages": [{"role": "user", "content": PROMPT}],
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
     }
-    started = time.perf_counter()
-    first: float | None = None
-    last: float | None = None
-    tokens = 0
-    frames = _Frames()
-    async with client.stream("POST", f"{base_url}/v1/chat/completions", json=body) as response:
-        if response.status_code != 200:
-            await response.aread()
-            return StreamTiming(0, 0, 0, 0, f"HTTP {response.status_code}: {response.text[:200]}")
-        async for chunk in response.aiter_raw():
-            now = time.perf_counter()
-            for frame in frames.feed(chunk):
-                if b'"delta":{"content":' in frame:
-                    first = first or now
-                    last = now
-                if b'"usage":' in frame:
-                    usage = orjson.loads(_data_of(frame)).get("usage") or {}
-                    tokens = int(usage.get("completion_tokens", 0))
-    return _timing(started, first, last, tokens)
+    return await _timed_stream(
+        client, f"{base_url}/v1/chat/completions", body, _is_chat_delta, _chat_usage_tokens
+    )
 
 
 async def floor_stream(
     client: httpx.AsyncClient, base_url: str, tokens: int, interval_s: float
 ) -> StreamTiming:
-    """One stream of the relay floor."""
-    started = time.perf_counter()
-    first: float | None = None
-    last: float | None = None
-    count = 0
-    frames = _Frames()
-    body = {"tokens": tokens, "interval_s": interval_s}
-    async with client.stream("POST", f"{base_url}/stream", json=body) as response:
-        async for chunk in response.aiter_raw():
-            now = time.perf_counter()
-            for frame in frames.feed(chunk):
-                if frame.startswith(_RESQ_DELTA):
-                    first = first or now
-                    last = now
-                    count += 1
-    return _timing(started, first, last, count)
+    """One stream of the relay floor (it reports no usage: its token frames are counted)."""
+    body: dict[str, object] = {"tokens": tokens, "interval_s": interval_s}
+    return await _timed_stream(client, f"{base_url}/stream", body, _is_resq_delta, None)
 
 
 async def concurrently(

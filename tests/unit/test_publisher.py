@@ -16,7 +16,7 @@ from gpu_worker.engine import Engine
 from gpu_worker.publisher import TokenPublisher
 from resq import keys
 from resq.recovery import generations
-from resq.recovery.generations import Generations, plan_resume
+from resq.recovery.generations import Fence, Generations, plan_resume
 from resq.recovery.generations import Resumption as Plan
 from resq.redis_types import range_entries
 from resq.wire import FinishEntry, GenerationJob, StartEntry, TokensEntry, TokenStreamEntry, decode_entry
@@ -84,6 +84,21 @@ def staged_job(r: redis.Redis, max_output_tokens: int = 8) -> GenerationJob:
     return job
 
 
+def new_publisher(r: redis.Redis, engine: FakeEngine) -> tuple[Generations, TokenPublisher]:
+    """A publisher over ``engine`` (not started: tests drive ``step`` themselves or call ``start``)."""
+    gens = Generations(r, TTL_S)
+    return gens, TokenPublisher(r, cast(Engine, engine), gens, dispatch=lambda _: None)
+
+
+def claim_and_plan(gens: Generations, job: GenerationJob) -> tuple[Fence, Plan]:
+    """Claim ``job`` as worker ``gpu-test`` and plan its (re)start: the fence and the plan."""
+    claim = gens.claim(job.response_id, "gpu-test")
+    assert claim.fence is not None
+    plan = plan_resume(job, gens.progress(job.response_id), frozenset({EOS}))
+    assert isinstance(plan, Plan)
+    return claim.fence, plan
+
+
 def stream(r: redis.Redis, response_id: str) -> list[TokenStreamEntry]:
     return [decode_entry(fields) for _, fields in range_entries(r.xrange(keys.tokens(response_id)))]
 
@@ -107,14 +122,11 @@ def test_the_start_entry_goes_out_with_the_first_tokens_in_one_round_trip(
     r: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine = FakeEngine()
-    gens = Generations(r, TTL_S)
-    publisher = TokenPublisher(r, cast(Engine, engine), gens, dispatch=lambda _: None)
+    gens, publisher = new_publisher(r, engine)
     job = staged_job(r)
-    claim = gens.claim(job.response_id, "gpu-test")
-    assert claim.fence is not None
-    plan = plan_resume(job, gens.progress(job.response_id), frozenset({EOS}))
-    assert isinstance(plan, Plan) and plan.publish_start
-    publisher.start_request(job.response_id, claim.fence, plan)
+    fence, plan = claim_and_plan(gens, job)
+    assert plan.publish_start
+    publisher.start_request(job.response_id, fence, plan)
     # Admission itself writes nothing: nothing stands between the Celery message and the engine.
     assert stream(r, job.response_id) == []
 
@@ -138,16 +150,12 @@ def test_the_start_entry_goes_out_with_the_first_tokens_in_one_round_trip(
 
 def test_a_start_entry_goes_out_while_the_engine_is_still_busy(r: redis.Redis) -> None:
     engine = FakeEngine()
-    gens = Generations(r, TTL_S)
-    publisher = TokenPublisher(r, cast(Engine, engine), gens, dispatch=lambda _: None)
+    gens, publisher = new_publisher(r, engine)
     job = staged_job(r)
-    claim = gens.claim(job.response_id, "gpu-test")
-    assert claim.fence is not None
-    plan = plan_resume(job, gens.progress(job.response_id), frozenset({EOS}))
-    assert isinstance(plan, Plan)
+    fence, plan = claim_and_plan(gens, job)
     publisher.start()
     try:
-        publisher.start_request(job.response_id, claim.fence, plan)
+        publisher.start_request(job.response_id, fence, plan)
         deadline = time.monotonic() + 5
         while not stream(r, job.response_id) and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -158,8 +166,7 @@ def test_a_start_entry_goes_out_while_the_engine_is_still_busy(r: redis.Redis) -
 
 def test_a_resumed_request_does_not_repeat_its_start_entry(r: redis.Redis) -> None:
     engine = FakeEngine()
-    gens = Generations(r, TTL_S)
-    publisher = TokenPublisher(r, cast(Engine, engine), gens, dispatch=lambda _: None)
+    gens, publisher = new_publisher(r, engine)
     job = staged_job(r)
     first = gens.claim(job.response_id, "gpu-lost")
     assert first.fence is not None
@@ -168,11 +175,9 @@ def test_a_resumed_request_does_not_repeat_its_start_entry(r: redis.Redis) -> No
     gens.publish(pipe, job.response_id, first.fence, TokensEntry([11]), 0)
     pipe.execute()
     assert gens.release_lost(job.response_id, first.fence, int(time.time() * 1000)) is not None
-    claim = gens.claim(job.response_id, "gpu-test")
-    assert claim.fence is not None
-    plan = plan_resume(job, gens.progress(job.response_id), frozenset({EOS}))
-    assert isinstance(plan, Plan) and not plan.publish_start
-    publisher.start_request(job.response_id, claim.fence, plan)
+    fence, plan = claim_and_plan(gens, job)
+    assert not plan.publish_start
+    publisher.start_request(job.response_id, fence, plan)
     engine.outputs.append(
         GenerationOutput(job.response_id, generated_tokens=[12], status=RequestStatus.DECODING)
     )
