@@ -24,9 +24,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from transformers.generation.continuous_batching import model_runner
 
-_ATTRIBUTE = "_forward_process_and_sample"
+from gpu_worker.runner_step import Step, wrap_step
+
 _MARK = "_resq_raw_logprobs"
 
 
@@ -51,32 +51,30 @@ def chosen_token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.T
 
 def install() -> None:
     """Make every continuous-batching runner report raw-logit logprobs (idempotent)."""
-    runner_class = model_runner.ModelRunner
-    original = getattr(runner_class, _ATTRIBUTE)
-    if getattr(original, _MARK, False):
-        return
 
-    def forward_process_and_sample(
-        self: Any,
-        model: Any,
-        batch_data: dict[str, Any],
-        carry_over_ids: torch.Tensor,
-        prev_output_ids: torch.Tensor,
-        output_ids: torch.Tensor,
-    ) -> None:
-        if not self.return_logprobs:
-            original(self, model, batch_data, carry_over_ids, prev_output_ids, output_ids)
-            return
-        tap = _LogitsTap(model)
-        original(self, tap, batch_data, carry_over_ids, prev_output_ids, output_ids)
-        logits = tap.logits
-        assert logits is not None, "the continuous-batching step did not call the model"
-        if "logits_to_keep" not in batch_data:
-            logits = logits[:, batch_data["logits_indices"], :]
-        rows = logits[0]
-        count = rows.shape[0]
-        logprobs = chosen_token_logprobs(rows, output_ids[0, :count])
-        output_ids[1, :count].copy_(logprobs.view(dtype=torch.int32))
+    def wrap(original: Step) -> Step:
+        def forward_process_and_sample(
+            self: Any,
+            model: Any,
+            batch_data: dict[str, Any],
+            carry_over_ids: torch.Tensor,
+            prev_output_ids: torch.Tensor,
+            output_ids: torch.Tensor,
+        ) -> None:
+            if not self.return_logprobs:
+                original(self, model, batch_data, carry_over_ids, prev_output_ids, output_ids)
+                return
+            tap = _LogitsTap(model)
+            original(self, tap, batch_data, carry_over_ids, prev_output_ids, output_ids)
+            logits = tap.logits
+            assert logits is not None, "the continuous-batching step did not call the model"
+            if "logits_to_keep" not in batch_data:
+                logits = logits[:, batch_data["logits_indices"], :]
+            rows = logits[0]
+            count = rows.shape[0]
+            logprobs = chosen_token_logprobs(rows, output_ids[0, :count])
+            output_ids[1, :count].copy_(logprobs.view(dtype=torch.int32))
 
-    setattr(forward_process_and_sample, _MARK, True)
-    setattr(runner_class, _ATTRIBUTE, forward_process_and_sample)
+        return forward_process_and_sample
+
+    wrap_step(_MARK, wrap)

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers.generation.continuous_batching import model_runner
 from transformers.generation.continuous_batching.cb_logits_processors import (
     ContinuousBatchingLogitsProcessorList,
     ContinuousBatchingTemperatureLogitsWarper,
@@ -39,11 +38,11 @@ from transformers.generation.continuous_batching.cb_logits_processors import (
 )
 
 from gpu_worker.raw_logprobs import chosen_token_logprobs
+from gpu_worker.runner_step import Step, wrap_step
 from gpu_worker.sampling import next_tokens
 
 log = logging.getLogger(__name__)
 
-_ATTRIBUTE = "_forward_process_and_sample"
 _MARK = "_resq_sampling_step"
 _PLAN = "_resq_sampling_rows"
 
@@ -101,35 +100,35 @@ def choose_tokens(
 
 def install() -> None:
     """Wrap the continuous-batching step of every runner (idempotent); only enabled runners change."""
-    runner_class = model_runner.ModelRunner
-    previous = getattr(runner_class, _ATTRIBUTE)
-    if getattr(previous, _MARK, False):
-        return
 
-    def forward_process_and_sample(
-        self: Any,
-        model: Any,
-        batch_data: dict[str, Any],
-        carry_over_ids: torch.Tensor,
-        prev_output_ids: torch.Tensor,
-        output_ids: torch.Tensor,
-    ) -> None:
-        rows: ArgumentRows | None = getattr(self.logit_processor, _PLAN, None)
-        if rows is None:
-            previous(self, model, batch_data, carry_over_ids, prev_output_ids, output_ids)
-            return
-        # As transformers' step (model_runner.py, 5.x), up to the processed logits.
-        self.inputs_and_outputs.carry_over_tokens(batch_data["input_ids"], carry_over_ids, prev_output_ids)
-        logits = model(**batch_data).logits
-        if "logits_to_keep" not in batch_data:
-            logits = logits[:, batch_data["logits_indices"], :]
-        logits = logits[0].float()
-        tokens = choose_tokens(logits, batch_data["logits_processor_args"], rows, bool(self.pad_inputs))
-        count = tokens.shape[0]
-        output_ids[0, :count].copy_(tokens)
-        if self.return_logprobs:
-            logprobs = chosen_token_logprobs(logits, tokens)
-            output_ids[1, :count].copy_(logprobs.view(dtype=torch.int32))
+    def wrap(previous: Step) -> Step:
+        def forward_process_and_sample(
+            self: Any,
+            model: Any,
+            batch_data: dict[str, Any],
+            carry_over_ids: torch.Tensor,
+            prev_output_ids: torch.Tensor,
+            output_ids: torch.Tensor,
+        ) -> None:
+            rows: ArgumentRows | None = getattr(self.logit_processor, _PLAN, None)
+            if rows is None:
+                previous(self, model, batch_data, carry_over_ids, prev_output_ids, output_ids)
+                return
+            # As transformers' step (model_runner.py, 5.x), up to the processed logits.
+            self.inputs_and_outputs.carry_over_tokens(
+                batch_data["input_ids"], carry_over_ids, prev_output_ids
+            )
+            logits = model(**batch_data).logits
+            if "logits_to_keep" not in batch_data:
+                logits = logits[:, batch_data["logits_indices"], :]
+            logits = logits[0].float()
+            tokens = choose_tokens(logits, batch_data["logits_processor_args"], rows, bool(self.pad_inputs))
+            count = tokens.shape[0]
+            output_ids[0, :count].copy_(tokens)
+            if self.return_logprobs:
+                logprobs = chosen_token_logprobs(logits, tokens)
+                output_ids[1, :count].copy_(logprobs.view(dtype=torch.int32))
 
-    setattr(forward_process_and_sample, _MARK, True)
-    setattr(runner_class, _ATTRIBUTE, forward_process_and_sample)
+        return forward_process_and_sample
+
+    wrap_step(_MARK, wrap)
