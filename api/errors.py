@@ -73,8 +73,12 @@ _TYPE_ERRORS = re.compile(r"(_type$|_parsing$|^model_attributes_type$|^is_instan
 _WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Union branches pydantic names in `loc`, which are not fields.
 _NOT_FIELDS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "function", "other"})
-# `tool_choice`'s union tags every string choice "mode"; `reasoning.mode` is a real field.
-_TAG_AFTER = {"tool_choice": "mode"}
+# Union tags pydantic names after a field: `tool_choice` tags every string choice "mode"
+# (`reasoning.mode` is a real field), `text.format` names its branch by type.
+_TAG_AFTER: dict[str, frozenset[str]] = {
+    "tool_choice": frozenset({"mode"}),
+    "format": frozenset({"text", "json_schema", "json_object"}),
+}
 
 
 def _param_path(loc: Sequence[int | str], skip_tags: bool = True) -> str | None:
@@ -88,7 +92,7 @@ def _param_path(loc: Sequence[int | str], skip_tags: bool = True) -> str | None:
             continue
         if not _WORD.match(component):
             continue  # e.g. "list[tagged-union[...]]", "function-after[...]"
-        if index > 0 and _TAG_AFTER.get(str(loc[index - 1])) == component:
+        if index > 0 and component in _TAG_AFTER.get(str(loc[index - 1]), frozenset()):
             continue
         if skip_tags and component in _NOT_FIELDS | {
             "message",

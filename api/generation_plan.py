@@ -7,10 +7,16 @@ Every option is either enforced or refused with a 400 naming it; none is ignored
   the server could only return the model's call markup as text, so it refuses them.
 - ``tool_choice``: ``none`` offers no tools and keeps any call markup as text;
   ``auto`` lets the model choose; ``required`` and ``{"type": "function", "name"}``
-  prefill the assistant turn with the opening of a call (of any function, or of the
-  named one; ``required`` with a single tool names it), so the model can only go on
-  with a call. The prefill is part of the answer: the post-processor parses it as
-  output. It constrains how the answer starts, not the arguments (no grammar).
+  force a call (of any function, or of the named one; ``required`` with a single
+  tool names it). When any offered function is ``strict``, the answer is
+  constrained by a grammar (:mod:`resq.grammars`): calls in the tool parser's
+  envelope, strict functions' arguments following their ``parameters``, and for
+  a forced choice nothing but calls. Without strict functions a forced choice
+  prefills the assistant turn with the opening of a call, so the model can only
+  go on with one (the prefill is part of the answer: the post-processor parses it
+  as output); ``auto`` leaves the answer free.
+- ``text.format`` ``json_schema`` / ``json_object``: the message text is constrained to
+  the schema (to any JSON object), after reasoning runs free.
 - ``parallel_tool_calls: false``: the answer ends after its first call; where the
   call's closing tag is a single token, generation stops right there too.
 - ``reasoning.effort``: Qwen3-style templates read ``enable_thinking``; ``none``
@@ -26,9 +32,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from api.errors import OpenAIError, invalid_value
-from api.schemas import CreateResponseRequest, FunctionTool, FunctionToolChoice
+from api.schemas import (
+    CreateResponseRequest,
+    FunctionTool,
+    FunctionToolChoice,
+    JsonObjectFormat,
+    JsonSchemaFormat,
+)
 from resq.catalog import ModelCard
-from resq.postprocess.parsers import call_end_tag, forced_call_prefix
+from resq.grammars import ANY_OBJECT, AnswerShape, CallableFunction, CallsShape
+from resq.postprocess.parsers import call_end_tag, call_envelope, forced_call_prefix, reasoning_markup
 
 THINKING_SWITCH = "enable_thinking"
 """The chat-template variable Qwen3-style templates read to turn reasoning on or off."""
@@ -49,6 +62,10 @@ class GenerationPlan:
     max_calls: int | None = None
     template_context: dict[str, Any] = field(default_factory=dict)
     logprobs: bool = False
+    calls: CallsShape | None = None
+    """The calls a grammar must allow (some function is strict); None: calls are not constrained."""
+    answer_shape: AnswerShape | None = None
+    """What constrained decoding enforces; None: the answer is unconstrained."""
 
 
 def unsupported(message: str, param: str) -> OpenAIError:
@@ -84,6 +101,31 @@ def _forced_function(request: CreateResponseRequest, functions: list[FunctionToo
     return functions[0].name if len(functions) == 1 else None
 
 
+def _callable(tool: FunctionTool) -> CallableFunction:
+    if not tool.strict:
+        return CallableFunction(tool.name, ANY_OBJECT)
+    return CallableFunction(tool.name, tool.parameters or {"type": "object", "properties": {}})
+
+
+def _constrained_calls(
+    request: CreateResponseRequest, functions: list[FunctionTool], tool_parser: str, forcing: bool
+) -> CallsShape | None:
+    """The calls' grammar when some function is strict (None: calls stay unconstrained)."""
+    if not any(tool.strict for tool in functions):
+        return None
+    offered = functions
+    if forcing:
+        forced = _forced_function(request, functions)
+        if isinstance(request.tool_choice, FunctionToolChoice) and forced is not None:
+            offered = [tool for tool in functions if tool.name == forced]
+    return CallsShape(
+        envelope=call_envelope(tool_parser),
+        functions=tuple(_callable(tool) for tool in offered),
+        required=forcing,
+        single=request.parallel_tool_calls is False,
+    )
+
+
 def plan_tools(
     request: CreateResponseRequest, tool_parser: str | None, reasoning_parser: str | None
 ) -> GenerationPlan:
@@ -105,8 +147,9 @@ def plan_tools(
             "function calls; send the request without tools, or with tool_choice 'none'.",
             "tools",
         )
+    calls = _constrained_calls(request, functions, tool_parser, forcing)
     forced_prefix = ""
-    if forcing:
+    if forcing and calls is None:
         forced_prefix = forced_call_prefix(
             reasoning_parser, tool_parser, _forced_function(request, functions)
         )
@@ -117,7 +160,32 @@ def plan_tools(
         forced_prefix=forced_prefix,
         stop_after=call_end_tag(tool_parser) if single_call else None,
         max_calls=1 if single_call else None,
+        calls=calls,
     )
+
+
+def answer_schema(request: CreateResponseRequest) -> dict[str, Any] | None:
+    """The JSON schema ``text.format`` asks the message text to follow; None for free text."""
+    text_format = request.text.format if request.text else None
+    if isinstance(text_format, JsonSchemaFormat):
+        return text_format.json_schema
+    if isinstance(text_format, JsonObjectFormat):
+        return dict(ANY_OBJECT)
+    return None
+
+
+def answer_shape(
+    request: CreateResponseRequest, plan: GenerationPlan, reasoning_parser: str | None
+) -> AnswerShape | None:
+    """What constrained decoding must enforce for ``request``; None when nothing is constrained."""
+    schema = answer_schema(request)
+    if schema is None and plan.calls is None:
+        return None
+    if plan.forced_prefix:
+        # A prefilled call (no strict function): the answer is that call, whatever text.format says.
+        return None
+    reasoning = reasoning_markup(reasoning_parser) if reasoning_parser is not None else None
+    return AnswerShape(reasoning=reasoning, json_schema=schema, calls=plan.calls)
 
 
 def thinking_context(
@@ -155,8 +223,17 @@ def plan_generation(
     request: CreateResponseRequest, card: ModelCard, tool_parser: str | None, reasoning_parser: str | None
 ) -> GenerationPlan:
     """Everything the request asks of generation besides its messages."""
+    plan = plan_tools(request, tool_parser, reasoning_parser)
+    shape = answer_shape(request, plan, reasoning_parser)
+    if shape is not None and not card.structured_outputs:
+        raise unsupported(
+            "This server's GPU worker does not constrain decoding (RESQ_STRUCTURED_OUTPUTS is off), so "
+            "text.format json_schema / json_object and strict tools cannot be served.",
+            "text.format" if shape.calls is None else "tools",
+        )
     return replace(
-        plan_tools(request, tool_parser, reasoning_parser),
+        plan,
         template_context=thinking_context(request, card, reasoning_parser),
         logprobs=wants_logprobs(request, card),
+        answer_shape=shape,
     )

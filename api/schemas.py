@@ -241,8 +241,8 @@ InputItem = Annotated[
 class FunctionTool(_Strict):
     """A function the model may call.
 
-    ``strict`` is accepted and echoed, but arguments are not constrained to the
-    schema (no grammar-guided decoding): they are always a JSON object, nothing more.
+    With ``strict: true`` a call's arguments are constrained to ``parameters`` by
+    constrained decoding (:mod:`resq.grammars`); otherwise they are any JSON object.
     """
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -340,10 +340,37 @@ ToolChoice = Annotated[
 # --- text, reasoning, stream options ------------------------------------------------------------
 
 
-class TextFormat(_Strict):
-    """Only plain text output is supported."""
+class PlainTextFormat(_Strict):
+    """``{"type": "text"}``: free text (the default)."""
 
     type: Literal["text"]
+
+
+class JsonSchemaFormat(_Strict):
+    """``{"type": "json_schema", name, schema, strict, description}``: the message text follows ``schema``.
+
+    Enforced by constrained decoding whatever ``strict`` says (resq has no unenforced mode).
+    """
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    type: Literal["json_schema"]
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    json_schema: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = Field(None, strict=True)
+    description: str | None = None
+
+
+class JsonObjectFormat(_Strict):
+    """``{"type": "json_object"}``: the message text is a JSON object."""
+
+    type: Literal["json_object"]
+
+
+TextFormat = Annotated[
+    PlainTextFormat | JsonSchemaFormat | JsonObjectFormat,
+    Field(discriminator="type"),
+]
 
 
 class TextConfig(_Strict):
@@ -351,13 +378,6 @@ class TextConfig(_Strict):
 
     format: TextFormat | None = None
     verbosity: Literal["low", "medium", "high"] | None = None
-
-    @field_validator("format", mode="before")
-    @classmethod
-    def _only_text(cls, value: Any) -> Any:
-        if isinstance(value, dict) and value.get("type") in ("json_schema", "json_object"):
-            raise unsupported(f"text.format of type {value['type']!r}")
-        return value
 
 
 class ReasoningConfig(_Strict):

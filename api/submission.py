@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from api.caller import Caller
+from api.constraints import request_grammar
 from api.errors import OpenAIError, invalid_value, rate_limited
 from api.generation_plan import GenerationPlan, plan_generation
 from api.input_items import normalise_input
@@ -74,9 +75,7 @@ def initial_response(
         "service_tier": request.service_tier or "default",
         "store": store,
         "temperature": DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
-        "text": {"format": {"type": "text"}, "verbosity": request.text.verbosity if request.text else None}
-        if request.text and request.text.verbosity
-        else {"format": {"type": "text"}},
+        "text": _text_echo(request),
         "tool_choice": _tool_choice_echo(request),
         "tools": [tool.model_dump(exclude_none=True, by_alias=True) for tool in request.tools or []],
         "top_logprobs": request.top_logprobs or 0,
@@ -86,6 +85,17 @@ def initial_response(
         "user": request.user,
         "completed_at": None,
     }
+
+
+def _text_echo(request: CreateResponseRequest) -> dict[str, Any]:
+    """``text`` as the Response shows it: the format exactly as sent (``{"type": "text"}`` by default)."""
+    text = request.text
+    echoed: dict[str, Any] = {"format": {"type": "text"}}
+    if text is not None and text.format is not None:
+        echoed["format"] = text.format.model_dump(by_alias=True, exclude_unset=True)
+    if text is not None and text.verbosity:
+        echoed["verbosity"] = text.verbosity
+    return echoed
 
 
 def _tool_choice_echo(request: CreateResponseRequest) -> Any:
@@ -184,6 +194,8 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
     except ValueError as exc:
         raise invalid_value(str(exc), "input") from exc
     plan = plan_generation(request, tokenizer.card, settings.tool_parser, settings.reasoning_parser)
+    # Compiling a grammar can take a while for a large schema: never on the event loop.
+    grammar = await asyncio.to_thread(request_grammar, request, plan, tokenizer)
     forced_ids = tokenizer.encode(plan.forced_prefix) if plan.forced_prefix else []
     prompt_ids = render_prompt(tokenizer, messages, plan) + forced_ids
     limit = generation_limit(
@@ -221,6 +233,7 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
         top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
         stop_token_ids=stop_token_ids(tokenizer, plan),
         logprobs=plan.logprobs,
+        grammar=grammar,
     )
 
     created_json = jsonutil.dumps(created)

@@ -31,6 +31,7 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.continuous_batching.requests import GenerationOutput
 
 from gpu_worker import raw_logprobs, sampling_step
+from gpu_worker.constraints import GrammarConstraints, GrammarRefusedError
 from gpu_worker.model_loading import LoadedModel
 from resq.settings import Settings
 from resq.wire import GenerationJob
@@ -76,8 +77,16 @@ class Engine:
             generation_config=generation_config,
             continuous_batching_config=self._batching_config(settings, loaded.device),
         )
-        self.fused_sampling = sampling_step.enable(self._manager.logit_processor)
+        self.constraints: GrammarConstraints | None = None
+        """The grammar matchers of constrained requests; None with structured outputs off."""
+        if settings.structured_outputs:
+            self.constraints = GrammarConstraints(
+                loaded.tokenizer_json, self._vocab_size, list(loaded.card.eos_token_ids)
+            )
+        self.fused_sampling = sampling_step.enable(self._manager.logit_processor, self.constraints)
         """Whether resq's sampling step replaces transformers' processors (False: an unexpected list)."""
+        if not self.fused_sampling:
+            self.constraints = None  # transformers' own step cannot mask: constrained jobs are refused
 
     @staticmethod
     def _batching_config(settings: Settings, device: torch.device) -> ContinuousBatchingConfig:
@@ -94,6 +103,11 @@ class Engine:
             "seed": settings.seed,
             "return_logprobs": settings.logprobs,
         }
+        if settings.structured_outputs and device.type == "cuda":
+            # Grammar masks are applied by Python code in the step: a replayed CUDA graph would
+            # skip it, and a batch prepared ahead would not know the tokens its masks depend on.
+            options["use_cuda_graph"] = False
+            options["use_async_batching"] = False
         if cache_tokens is not None:
             options["num_blocks"] = math.ceil(cache_tokens / settings.kv_page_size)
         else:
@@ -129,8 +143,16 @@ class Engine:
         except ValueError:  # pragma: no cover - a slot released twice is a bug, not a crash
             log.error("engine slot released more often than taken")
 
-    def add(self, job: GenerationJob) -> None:
-        """Hand ``job`` to the engine (its slot must be held)."""
+    def add(self, job: GenerationJob, generated: list[int] | None = None) -> None:
+        """Hand ``job`` to the engine (its slot must be held).
+
+        ``generated``: the tokens a lost worker already generated (the end of ``job``'s
+        prompt), which a grammar replays before it constrains what follows.
+        """
+        if job.grammar is not None:
+            if self.constraints is None:
+                raise GrammarRefusedError("this GPU worker does not run grammars (RESQ_STRUCTURED_OUTPUTS)")
+            self.constraints.add(job.response_id, job.grammar, generated or [])
         if job.temperature == 0:
             sampling: dict[str, Any] = {"temperature": 1.0, "top_k": 1, "top_p": 1.0}
         else:
@@ -148,7 +170,13 @@ class Engine:
             **sampling,
         )
         if request_id is None:
+            self.forget(job.response_id)
             raise EngineStoppedError("the engine does not accept requests (stopping or failed)")
+
+    def forget(self, response_id: str) -> None:
+        """Drop what the engine kept for a request that ended (its grammar matcher)."""
+        if self.constraints is not None:
+            self.constraints.forget(response_id)
 
     def end_tokens(self, job: GenerationJob) -> list[int]:
         """The tokens that end ``job``: the model's, and the request's own."""
@@ -157,6 +185,7 @@ class Engine:
     def cancel(self, response_id: str) -> None:
         """Stop generating ``response_id``; the engine frees its cache at its next step."""
         self._manager.cancel_request(response_id)
+        self.forget(response_id)
 
     def next_outputs(self, timeout_s: float) -> list[GenerationOutput]:
         """Outputs produced since the last call: waits up to ``timeout_s`` for the first one."""

@@ -124,6 +124,7 @@ def load_model(settings: Settings) -> LoadedModel:
         created=int(time.time()),
         source=str(path),
         logprobs=settings.logprobs,
+        structured_outputs=settings.structured_outputs,
     )
     log.info(
         "model %r ready in %.1fs: %d parameters, context %d tokens",

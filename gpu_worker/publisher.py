@@ -272,6 +272,7 @@ class TokenPublisher:
         with self._lock:
             removed = self._tracked.pop(response_id, None)
         if removed is not None:
+            self._engine.forget(response_id)
             self._engine.release_slot()
 
     def _restart_from_stream(self, response_ids: list[str], active: dict[str, _Tracked]) -> None:

@@ -21,6 +21,15 @@ marked (a processor list resq did not expect) run transformers' step unchanged.
 When the step is captured in a CUDA graph or compiled (``runner.pad_inputs``),
 the sampler takes its branch-free path, since a decision taken on the host at
 capture time would be replayed for every later batch.
+
+Constrained decoding happens here too: when :func:`enable` was given the engine's
+:class:`gpu_worker.constraints.GrammarConstraints`, the rows of constrained requests
+get their grammar masks (filled while the forward pass runs) before the tokens are
+chosen, and their matchers advance with the chosen tokens. Logprobs stay those of
+the model's raw distribution. Rows map to requests through the order in which the
+batch was built (``req_id_to_new_token_position``, one entry per sampled row), which
+is why the engine turns off CUDA graphs and asynchronous batching while structured
+outputs are on: a replayed graph or a batch prepared ahead would skip this code.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from transformers.generation.continuous_batching.cb_logits_processors import (
     ContinuousBatchingTopPLogitsWarper,
 )
 
+from gpu_worker.constraints import GrammarConstraints
 from gpu_worker.raw_logprobs import chosen_token_logprobs
 from gpu_worker.runner_step import Step, wrap_step
 from gpu_worker.sampling import next_tokens
@@ -45,6 +55,7 @@ log = logging.getLogger(__name__)
 
 _MARK = "_resq_sampling_step"
 _PLAN = "_resq_sampling_rows"
+_CONSTRAINTS = "_resq_constraints"
 
 
 @dataclass(frozen=True)
@@ -74,8 +85,10 @@ def argument_rows(processors: ContinuousBatchingLogitsProcessorList) -> Argument
     )
 
 
-def enable(processors: ContinuousBatchingLogitsProcessorList) -> bool:
-    """Let the runners that use ``processors`` sample with resq's step; False when it cannot."""
+def enable(
+    processors: ContinuousBatchingLogitsProcessorList, constraints: GrammarConstraints | None = None
+) -> bool:
+    """Let the runners that use ``processors`` sample with resq's step (and ``constraints``); False when it cannot."""
     rows = argument_rows(processors)
     if rows is None:
         log.warning(
@@ -84,7 +97,13 @@ def enable(processors: ContinuousBatchingLogitsProcessorList) -> bool:
         )
         return False
     setattr(processors, _PLAN, rows)
+    setattr(processors, _CONSTRAINTS, constraints)
     return True
+
+
+def _row_request_ids(runner: Any) -> list[str]:
+    # One entry per sampled row, in row order (transformers builds logits_indices in this order).
+    return list(runner.inputs_and_outputs.req_id_to_new_token_position)
 
 
 def choose_tokens(
@@ -114,6 +133,10 @@ def install() -> None:
             if rows is None:
                 previous(self, model, batch_data, carry_over_ids, prev_output_ids, output_ids)
                 return
+            constraints: GrammarConstraints | None = getattr(self.logit_processor, _CONSTRAINTS, None)
+            constrained = None
+            if constraints is not None and len(constraints):
+                constrained = constraints.start_masks(_row_request_ids(self))
             # As transformers' step (model_runner.py, 5.x), up to the processed logits.
             self.inputs_and_outputs.carry_over_tokens(
                 batch_data["input_ids"], carry_over_ids, prev_output_ids
@@ -122,7 +145,14 @@ def install() -> None:
             if "logits_to_keep" not in batch_data:
                 logits = logits[:, batch_data["logits_indices"], :]
             logits = logits[0].float()
-            tokens = choose_tokens(logits, batch_data["logits_processor_args"], rows, bool(self.pad_inputs))
+            choice_logits = logits
+            if constrained is not None and constraints is not None:
+                choice_logits = constraints.apply(constrained, logits)
+            tokens = choose_tokens(
+                choice_logits, batch_data["logits_processor_args"], rows, bool(self.pad_inputs)
+            )
+            if constrained is not None and constraints is not None:
+                constraints.advance(constrained, tokens)
             count = tokens.shape[0]
             output_ids[0, :count].copy_(tokens)
             if self.return_logprobs:

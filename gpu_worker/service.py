@@ -103,7 +103,7 @@ class GenerationService:
             job.max_output_tokens,
         )
         try:
-            self._engine.add(plan.job)
+            self._engine.add(plan.job, plan.job.prompt_token_ids[plan.prompt_tokens :])
         except (EngineStoppedError, ValueError, TypeError) as exc:
             log.error("engine refused %s: %s", response_id, exc)
             self._publisher.forget(response_id)

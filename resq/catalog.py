@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, cast
 
+from llguidance import LLTokenizer
 from pydantic import BaseModel, ConfigDict
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
@@ -47,6 +48,8 @@ class ModelCard(BaseModel):
     """Where the weights came from (a path or a hub id), for ``/v1/models`` and logs."""
     logprobs: bool = False
     """Whether the GPU worker computes each sampled token's log-probability."""
+    structured_outputs: bool = False
+    """Whether the GPU worker constrains decoding to grammars (``RESQ_STRUCTURED_OUTPUTS``)."""
 
 
 @dataclass
@@ -82,6 +85,18 @@ class TextTokenizer:
     def decode(self, token_ids: list[int]) -> str:
         """Text of ``token_ids``, special tokens skipped (for tests and logs)."""
         return str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
+
+    @cached_property
+    def grammar_tokenizer(self) -> LLTokenizer:
+        """The vocabulary as llguidance sees it, to check grammars against (built once, ~1 s for 150k tokens)."""
+        return LLTokenizer(self.tokenizer.to_str(), eos_token=list(self.card.eos_token_ids) or None)
+
+    def special_token_id(self, text: str) -> int | None:
+        """The id of ``text`` when it is one token that llguidance treats as special (markup tags)."""
+        token_id = self.tokenizer.token_to_id(text)
+        if token_id is None or not self.grammar_tokenizer.is_special_token(token_id):
+            return None
+        return int(token_id)
 
     def decode_stream(self) -> DecodeStream:
         """A fresh incremental decoder (holds back bytes of an unfinished UTF-8 character)."""

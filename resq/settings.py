@@ -80,6 +80,14 @@ class Settings(BaseSettings):
             '`include: ["message.output_text.logprobs"]`; off: such requests get a 400.'
         ),
     )
+    structured_outputs: bool = Field(
+        True,
+        description=(
+            "Constrained decoding (`text.format` json_schema / json_object, strict tools) in the GPU "
+            "worker. On CUDA it turns off CUDA graphs and asynchronous batching, which would skip the "
+            "grammar masks; off: such requests get a 400."
+        ),
+    )
 
     shutdown_grace_s: float = Field(
         10.0, ge=0, description="On SIGTERM, how long the GPU worker lets running requests finish."

@@ -37,6 +37,8 @@ class GenerationJob(BaseModel):
     """Tokens that end this request, besides the model's end-of-sequence tokens."""
     logprobs: bool = False
     """Publish each sampled token's log-probability with the tokens."""
+    grammar: str | None = None
+    """The llguidance grammar every generated token must follow (:mod:`resq.grammars`); None: free."""
 
 
 @dataclass(frozen=True, slots=True)

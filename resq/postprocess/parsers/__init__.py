@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from resq.grammars import CallEnvelope, ReasoningMarkup
 from resq.options import ProcessingOptions
 from resq.postprocess.parsers.chain import ParserChain
-from resq.postprocess.parsers.hermes import CALL_CLOSE, HermesToolParser, forced_call_opening
-from resq.postprocess.parsers.reasoning import THINK_CLOSE, ReasoningParser, ReasoningTokenCounter
+from resq.postprocess.parsers.hermes import CALL_CLOSE, CALL_OPEN, HermesToolParser, forced_call_opening
+from resq.postprocess.parsers.reasoning import THINK_CLOSE, THINK_OPEN, ReasoningParser, ReasoningTokenCounter
 from resq.postprocess.segments import Segment, TextSegment
 
 __all__ = [
@@ -32,8 +33,10 @@ __all__ = [
     "ReasoningTokenCounter",
     "UnknownParserError",
     "call_end_tag",
+    "call_envelope",
     "forced_call_prefix",
     "make_parser",
+    "reasoning_markup",
 ]
 
 
@@ -104,3 +107,17 @@ def forced_call_prefix(reasoning_parser: str | None, tool_parser: str, function_
         raise UnknownParserError(f"unknown reasoning parser {reasoning_parser!r}")
     close_reasoning = THINK_CLOSE + "\n\n" if _STARTS_IN_REASONING.get(reasoning_parser or "") else ""
     return close_reasoning + forced_call_opening(function_name)
+
+
+def reasoning_markup(reasoning_parser: str) -> ReasoningMarkup:
+    """How ``reasoning_parser``'s format delimits reasoning, for answer grammars."""
+    if reasoning_parser not in REASONING_PARSERS:
+        raise UnknownParserError(f"unknown reasoning parser {reasoning_parser!r}")
+    return ReasoningMarkup(THINK_OPEN, THINK_CLOSE, starts_inside=_STARTS_IN_REASONING[reasoning_parser])
+
+
+def call_envelope(tool_parser: str) -> CallEnvelope:
+    """How ``tool_parser``'s format wraps one call, for answer grammars."""
+    if tool_parser not in TOOL_PARSERS:
+        raise UnknownParserError(f"unknown tool parser {tool_parser!r}")
+    return CallEnvelope(CALL_OPEN, CALL_CLOSE)

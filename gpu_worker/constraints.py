@@ -1,0 +1,138 @@
+"""Grammar matchers of the constrained requests in the engine, and the masks they put on logits.
+
+One llguidance matcher per request whose job carries a grammar (:mod:`resq.grammars`).
+At every engine step resq's sampling step (:mod:`gpu_worker.sampling_step`) asks for
+the masks of the batch rows that belong to constrained requests, applies each to its
+row's logits before the token is chosen, and hands the chosen tokens back so that
+each matcher advances. Rows of unconstrained requests are never touched, and a step
+without constrained rows costs one dictionary look-up.
+
+The masks are computed while the forward pass runs: :meth:`GrammarConstraints.start_masks`
+fills them on a helper thread (llguidance releases the GIL, and its executor spreads
+the rows over its own threads) and the step collects them once the logits exist.
+
+A resumed generation (its previous GPU worker was lost) replays the tokens already
+published into a fresh matcher before it generates again, so the constraint carries
+on exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+from llguidance import LLExecutor, LLMatcher, LLTokenizer
+
+from gpu_worker import metrics
+
+log = logging.getLogger(__name__)
+
+_BITS = 32
+
+
+class GrammarRefusedError(ValueError):
+    """A job's grammar does not compile, or its replayed tokens do not follow it."""
+
+
+@dataclass
+class ConstrainedRows:
+    """The constrained rows of one step and their masks (filled by a helper thread)."""
+
+    rows: list[int]
+    matchers: list[LLMatcher]
+    bitmask: torch.Tensor
+    """int32 [len(rows), words]: bit ``t`` of a row's words is set when token ``t`` is allowed."""
+    ready: Future[float]
+    """Done when ``bitmask`` is filled; its result is the fill time in seconds."""
+
+
+class GrammarConstraints:
+    """The matchers of the requests in one engine (thread-safe: jobs arrive from Celery threads)."""
+
+    def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_ids: list[int]) -> None:
+        self._tokenizer = LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos_token_ids or None)
+        self.vocab_size = vocab_size
+        self._eos_token_ids = [token for token in eos_token_ids if token < vocab_size]
+        self._words = (vocab_size + _BITS - 1) // _BITS
+        self._executor = LLExecutor()
+        self._filler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="resq-masks")
+        self._matchers: dict[str, LLMatcher] = {}
+        self._lock = threading.Lock()
+        self._shifts = torch.arange(_BITS, dtype=torch.int32)
+
+    def __len__(self) -> int:
+        return len(self._matchers)
+
+    def add(self, request_id: str, grammar: str, replay: list[int]) -> None:
+        """Constrain ``request_id`` by ``grammar``, after ``replay`` (tokens it already generated)."""
+        matcher = LLMatcher(self._tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise GrammarRefusedError(f"grammar does not compile: {matcher.get_error()}")
+        if replay and not matcher.consume_tokens(replay):
+            raise GrammarRefusedError(
+                f"the tokens already generated do not follow the grammar: {matcher.get_error()}"
+            )
+        with self._lock:
+            self._matchers[request_id] = matcher
+
+    def forget(self, request_id: str) -> None:
+        """Drop the matcher of a request that ended (or never had one)."""
+        with self._lock:
+            self._matchers.pop(request_id, None)
+
+    def start_masks(self, row_request_ids: list[str]) -> ConstrainedRows | None:
+        """Begin filling the masks of the constrained rows of a step; None when it has none."""
+        if not self._matchers:
+            return None
+        with self._lock:
+            found = [(row, self._matchers.get(rid)) for row, rid in enumerate(row_request_ids)]
+        rows = [row for row, matcher in found if matcher is not None]
+        if not rows:
+            return None
+        matchers = [matcher for _, matcher in found if matcher is not None]
+        bitmask = torch.zeros((len(rows), self._words), dtype=torch.int32)
+        ready = self._filler.submit(self._fill, matchers, bitmask)
+        return ConstrainedRows(rows, matchers, bitmask, ready)
+
+    def _fill(self, matchers: list[LLMatcher], bitmask: torch.Tensor) -> float:
+        started = time.perf_counter()
+        self._executor.unsafe_compute_mask_ptr(
+            [(matcher, index) for index, matcher in enumerate(matchers)],
+            bitmask.data_ptr(),
+            self._words * 4,
+            len(matchers),
+        )
+        return time.perf_counter() - started
+
+    def apply(self, constrained: ConstrainedRows, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` [rows, vocab] with every token a constrained row's grammar forbids at -inf (a copy)."""
+        elapsed = constrained.ready.result()
+        bits = (constrained.bitmask.unsqueeze(-1) >> self._shifts) & 1
+        allowed = bits.reshape(len(constrained.rows), -1)[:, : logits.shape[-1]].bool()
+        if allowed.shape[-1] < logits.shape[-1]:  # a vocabulary wider than the grammar's: the rest is out
+            pad = torch.zeros((allowed.shape[0], logits.shape[-1] - allowed.shape[-1]), dtype=torch.bool)
+            allowed = torch.cat([allowed, pad], dim=-1)
+        # A matcher in an error state allows nothing: let it end rather than sample from all -inf.
+        stuck = ~allowed.any(dim=-1)
+        if bool(stuck.any()) and self._eos_token_ids:
+            allowed[stuck.nonzero().squeeze(1).unsqueeze(1), torch.tensor(self._eos_token_ids)] = True
+        index = torch.tensor(constrained.rows, device=logits.device)
+        masked = logits.clone()
+        masked[index] = logits[index].masked_fill(
+            ~allowed.to(logits.device, non_blocking=True), float("-inf")
+        )
+        metrics.GRAMMAR_MASK_SECONDS.observe(elapsed)
+        return masked
+
+    def advance(self, constrained: ConstrainedRows, tokens: torch.Tensor) -> None:
+        """Feed each constrained row's chosen token (of ``tokens`` [rows]) to its matcher."""
+        chosen = tokens[torch.tensor(constrained.rows, device=tokens.device)].tolist()
+        accepted = self._executor.consume_token_par(list(zip(constrained.matchers, chosen, strict=True)))
+        metrics.CONSTRAINED_TOKENS.inc(len(chosen))
+        for matcher, ok in zip(constrained.matchers, accepted, strict=True):
+            if not ok:  # cannot happen for a token its own mask allowed; say so rather than hide it
+                log.error("a constrained token was refused by its grammar: %s", matcher.get_error())

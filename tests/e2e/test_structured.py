@@ -1,0 +1,314 @@
+"""Structured outputs over the wire: ``text.format`` json_schema / json_object and strict tools.
+
+Two stacks: the fixture model with the qwen3 reasoning and hermes tool parsers (reasoning
+first, then JSON; ``responses.parse``; an openai-agents Agent with ``output_type``), and a
+stack of its own on the built-in random-weight model, whose answers follow a schema only
+because constrained decoding makes them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Literal
+
+import jsonschema
+import openai
+import pytest
+import redis
+from openai import OpenAI
+from pydantic import BaseModel
+
+from tests.e2e.conftest import Stack, start_stack
+from tests.fixture_model.scenarios import GET_WEATHER_TOOL
+from tests.support.processes import START_TIMEOUT_S, ProcessGroup, model_registered, wait_until
+from tests.support.schemas import SCHEMAS, WEATHER_PARAMETERS
+
+pytestmark = pytest.mark.e2e
+
+FIXTURE = "fixture"
+TINY = "resq-tiny"
+TINY_REDIS_DB = 14
+"""The random-model stack's own Redis database: its GPU worker must not take the fixture's jobs."""
+
+
+def valid(text: str, schema: dict[str, Any]) -> bool:
+    try:
+        jsonschema.validate(json.loads(text), schema)
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True
+
+
+def json_format(schema: dict[str, Any], name: str = "answer") -> dict[str, Any]:
+    return {"format": {"type": "json_schema", "name": name, "schema": schema, "strict": True}}
+
+
+# --- the fixture model, with reasoning and tool parsers ---------------------------------------------
+
+
+class Answer(BaseModel):
+    answer: Literal[4]
+
+
+ANSWER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"answer": {"const": 4}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
+
+
+def test_reasoning_runs_free_and_the_answer_is_the_json(client: OpenAI) -> None:
+    response = client.responses.create(
+        model=FIXTURE, input="What is 2+2? Think first.", temperature=0, text=json_format(ANSWER_SCHEMA)
+    )
+    assert response.status == "completed"
+    kinds = [item.type for item in response.output]
+    assert kinds == ["reasoning", "message"]
+    reasoning = response.output[0]
+    assert reasoning.type == "reasoning" and reasoning.content
+    assert reasoning.content[0].text == "Two plus two equals four."
+    assert json.loads(response.output_text) == {"answer": 4}
+    assert "<think>" not in response.output_text and "{" not in reasoning.content[0].text
+
+
+def test_text_format_is_echoed_exactly_as_sent(client: OpenAI) -> None:
+    sent = {
+        "type": "json_schema",
+        "name": "answer",
+        "schema": ANSWER_SCHEMA,
+        "strict": True,
+        "description": "The sum.",
+    }
+    response = client.responses.create(
+        model=FIXTURE, input="What is 2+2? Think first.", temperature=0, text={"format": sent}
+    )
+    assert response.text.format is not None
+    assert response.text.format.model_dump(by_alias=True, exclude_none=True) == sent
+    stored = client.responses.retrieve(response.id)
+    assert stored.text.format == response.text.format
+
+
+def test_responses_parse_fills_output_parsed(client: OpenAI) -> None:
+    parsed = client.responses.parse(
+        model=FIXTURE, input="What is 2+2? Think first.", temperature=0, text_format=Answer
+    )
+    assert parsed.output_parsed == Answer(answer=4)
+
+
+def test_streamed_json_deltas_add_up_to_the_answer(client: OpenAI) -> None:
+    with client.responses.stream(
+        model=FIXTURE, input="What is 2+2? Think first.", temperature=0, text_format=Answer
+    ) as stream:
+        deltas = [event.delta for event in stream if event.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert json.loads("".join(deltas)) == {"answer": 4}
+    assert final.output_parsed == Answer(answer=4)
+
+
+def test_json_object_format(client: OpenAI) -> None:
+    response = client.responses.create(
+        model=FIXTURE,
+        input="What is 2+2? Think first.",
+        temperature=0,
+        max_output_tokens=120,
+        text={"format": {"type": "json_object"}},
+    )
+    if response.status == "completed":
+        assert isinstance(json.loads(response.output_text), dict)
+    else:  # cut by max_output_tokens: partial JSON, as documented
+        assert response.status == "incomplete" and response.output_text.startswith("{")
+
+
+def test_a_strict_tool_call_follows_its_parameters(client: OpenAI) -> None:
+    # The fixture's own tool (it answers it from memory); strict makes the grammar check every call.
+    parameters = GET_WEATHER_TOOL["function"]["parameters"]
+    tool = {
+        "type": "function",
+        "name": "get_weather",
+        "description": "Get the current weather for a city.",
+        "parameters": parameters,
+        "strict": True,
+    }
+    for choice in ("auto", "required", {"type": "function", "name": "get_weather"}):
+        response = client.responses.create(
+            model=FIXTURE,
+            input="What is the weather in Paris?",
+            temperature=0,
+            tools=[tool],
+            tool_choice=choice,
+        )
+        calls = [item for item in response.output if item.type == "function_call"]
+        assert len(calls) >= 1, (choice, response.output)
+        assert all(valid(call.arguments, parameters) for call in calls)
+        assert calls[0].name == "get_weather"
+
+
+@pytest.mark.parametrize(
+    ("text", "param", "fragment"),
+    [
+        (
+            {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nonsense"}}},
+            "text.format.schema",
+            "nonsense",
+        ),
+        (
+            {"format": {"type": "json_schema", "name": "x", "schema": {"$ref": "#/$defs/missing"}}},
+            "text.format.schema",
+            "missing",
+        ),
+        (
+            {"format": {"type": "json_schema", "name": "x", "schema": {"type": "string", "pattern": "(a"}}},
+            "text.format.schema",
+            "regex",
+        ),
+        (
+            {"format": {"type": "json_schema", "name": "bad name!", "schema": {}}},
+            "text.format.name",
+            "pattern",
+        ),
+        ({"format": {"type": "json_schema", "schema": {}}}, "text.format.name", "Missing"),
+        ({"format": {"type": "yaml"}}, "text.format", "type"),
+    ],
+)
+def test_a_schema_that_cannot_constrain_is_a_400_naming_it(
+    client: OpenAI, text: dict[str, Any], param: str, fragment: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model=FIXTURE, input="Hi", text=text)  # type: ignore[arg-type]
+    error = caught.value.body
+    assert isinstance(error, dict)
+    assert error["param"] == param, error
+    assert error["type"] == "invalid_request_error"
+    assert fragment.lower() in error["message"].lower(), error
+    # The server is fine afterwards.
+    assert client.responses.create(model=FIXTURE, input="Say hello.", temperature=0).output_text
+
+
+def test_a_strict_tool_with_a_bad_schema_is_a_400_naming_the_tool(client: OpenAI) -> None:
+    tool = {
+        "type": "function",
+        "name": "f",
+        "parameters": {"type": "object", "properties": {"a": {"type": 7}}},
+        "strict": True,
+    }
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model=FIXTURE, input="Hi", tools=[tool])  # type: ignore[list-item]
+    assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "tools[0].parameters"
+
+
+def test_an_openai_agents_agent_with_output_type(stack: Stack) -> None:
+    agents = pytest.importorskip("agents")
+    from agents import Agent, OpenAIResponsesModel, RunConfig, Runner
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=f"{stack.base_url}/v1", api_key="sk-test", max_retries=0)
+    agent = Agent(
+        name="math",
+        instructions=None,
+        model=OpenAIResponsesModel(model=FIXTURE, openai_client=client),
+        output_type=Answer,
+        model_settings=agents.ModelSettings(temperature=0),
+    )
+    import asyncio
+
+    result = asyncio.run(
+        Runner.run(agent, "What is 2+2? Think first.", run_config=RunConfig(tracing_disabled=True))
+    )
+    assert result.final_output == Answer(answer=4)
+
+
+# --- the built-in random-weight model ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_stack(base_env: dict[str, str], log_dir: Path) -> Iterator[Stack]:
+    """A GPU worker on the random built-in model and an API (inline post-processing), on their own Redis db."""
+    redis_url = base_env["RESQ_REDIS_URL"].rsplit("/", 1)[0] + f"/{TINY_REDIS_DB}"
+    redis.Redis.from_url(redis_url).flushdb()
+    env = {
+        **base_env,
+        "RESQ_REDIS_URL": redis_url,
+        "RESQ_MODEL": "builtin",
+        "RESQ_MODEL_NAME": TINY,
+        "RESQ_REASONING_PARSER": "",
+        "RESQ_MAX_BATCH": "48",
+    }
+    group = ProcessGroup(log_dir, env)
+    worker = group.start("gpu-worker", "gpu-worker-tiny")
+    try:
+        wait_until(
+            lambda: model_registered(redis_url, TINY), START_TIMEOUT_S, "the tiny GPU worker", [worker]
+        )
+        stack = start_stack(env, log_dir, 0, "tiny")
+    except BaseException:
+        group.stop_all()
+        raise
+    try:
+        yield stack
+    finally:
+        stack.group.stop_all()
+        group.stop_all()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_random_weights_follow_every_schema(tiny_stack: Stack, temperature: float) -> None:
+    client = tiny_stack.client()
+
+    def ask(item: tuple[str, dict[str, Any]]) -> tuple[str, str, str]:
+        name, schema = item
+        response = client.responses.create(
+            model=TINY,
+            input="Answer in JSON.",
+            temperature=temperature,
+            max_output_tokens=200,
+            text=json_format(schema, name),
+        )
+        return name, response.status or "", response.output_text
+
+    with ThreadPoolExecutor(len(SCHEMAS)) as pool:
+        results = list(pool.map(ask, SCHEMAS.items()))
+    for name, status, text in results:
+        assert status == "completed", (name, status, text)
+        assert valid(text, SCHEMAS[name]), (name, text)
+
+
+def test_random_weights_without_the_format_do_not(tiny_stack: Stack) -> None:
+    client = tiny_stack.client()
+
+    def ask(name: str) -> str:
+        return client.responses.create(
+            model=TINY, input="Answer in JSON.", temperature=1.0, max_output_tokens=60
+        ).output_text
+
+    with ThreadPoolExecutor(len(SCHEMAS)) as pool:
+        texts = dict(zip(SCHEMAS, pool.map(ask, SCHEMAS), strict=True))
+    assert [name for name, text in texts.items() if valid(text, SCHEMAS[name])] == []
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "get_weather"}])
+def test_random_weights_make_strict_calls(tiny_stack: Stack, choice: Any) -> None:
+    client = tiny_stack.client()
+    tools = [
+        {"type": "function", "name": "get_weather", "parameters": WEATHER_PARAMETERS, "strict": True},
+        {"type": "function", "name": "get_time", "parameters": SCHEMAS["flat"], "strict": True},
+    ]
+    for temperature in (0.0, 1.0):
+        response = client.responses.create(
+            model=TINY,
+            input="Weather?",
+            temperature=temperature,
+            tools=tools,
+            tool_choice=choice,  # type: ignore[arg-type]
+            parallel_tool_calls=False,
+            max_output_tokens=120,
+        )
+        calls = [item for item in response.output if item.type == "function_call"]
+        assert response.status == "completed" and len(calls) == 1, response.output
+        schema = WEATHER_PARAMETERS if calls[0].name == "get_weather" else SCHEMAS["flat"]
+        assert valid(calls[0].arguments, schema), calls[0]
+        if isinstance(choice, dict):
+            assert calls[0].name == "get_weather"

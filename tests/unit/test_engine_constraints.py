@@ -1,0 +1,181 @@
+"""Constrained decoding in the GPU worker's engine, on the built-in random-weight model (CPU).
+
+Random weights write valid JSON only when the grammar really masks every step: each
+schema's answers validate at temperature 0 and 1, while the same prompts without a
+grammar do not (so the check can fail). A greedy unconstrained request gets the same
+tokens with or without constrained neighbours in its batch, and a resumed generation
+replays its tokens into a fresh matcher and stays within the grammar.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import jsonschema
+import pytest
+
+from gpu_worker.engine import Engine
+from gpu_worker.model_loading import LoadedModel, load_model
+from resq.grammars import AnswerShape, build_grammar
+from resq.settings import BUILTIN_MODEL, Settings
+from resq.wire import GenerationJob
+from tests.support.schemas import SCHEMAS
+
+MAX_TOKENS = 160
+
+
+@pytest.fixture(scope="module")
+def loaded() -> LoadedModel:
+    return load_model(Settings(model=BUILTIN_MODEL, device="cpu"))
+
+
+@pytest.fixture(scope="module")
+def engine(loaded: LoadedModel) -> Iterator[Engine]:
+    started = Engine(loaded, Settings(model=BUILTIN_MODEL, device="cpu", kv_cache_tokens=32768, max_batch=48))
+    started.start()
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+def prompt(loaded: LoadedModel, text: str) -> list[int]:
+    rendered = loaded.tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+    )
+    assert isinstance(rendered, str)
+    return list(loaded.tokenizer(rendered, add_special_tokens=False)["input_ids"])
+
+
+def schema_grammar(schema: dict[str, Any]) -> str:
+    grammar = build_grammar(AnswerShape(reasoning=None, json_schema=schema, calls=None), lambda _: None)
+    assert grammar is not None
+    return grammar
+
+
+def make_job(response_id: str, prompt_ids: list[int], **fields: Any) -> GenerationJob:
+    values: dict[str, Any] = {"max_output_tokens": MAX_TOKENS, "temperature": 0.0, "top_p": 1.0, **fields}
+    return GenerationJob(response_id=response_id, model="resq-tiny", prompt_token_ids=prompt_ids, **values)
+
+
+def run_all(
+    engine: Engine, jobs: list[GenerationJob], generated: dict[str, list[int]] | None = None
+) -> dict[str, list[int]]:
+    """Run ``jobs`` in one batch; the tokens each generated."""
+    for job in jobs:
+        assert engine.acquire_slot(5)
+        engine.add(job, (generated or {}).get(job.response_id))
+    results: dict[str, list[int]] = {}
+    deadline = time.monotonic() + 300
+    try:
+        while len(results) < len(jobs) and time.monotonic() < deadline:
+            for output in engine.next_outputs(0.5):
+                if output.is_finished():
+                    results[output.request_id] = list(output.generated_tokens)
+                    engine.forget(output.request_id)
+                    engine.release_slot()
+    finally:
+        for job in jobs:
+            if job.response_id not in results:
+                engine.cancel(job.response_id)
+                engine.release_slot()
+    assert len(results) == len(jobs), "some generations did not finish"
+    return results
+
+
+def answer(loaded: LoadedModel, tokens: list[int]) -> str:
+    return str(loaded.tokenizer.decode(tokens, skip_special_tokens=True))
+
+
+def valid(text: str, schema: dict[str, Any]) -> bool:
+    try:
+        jsonschema.validate(json.loads(text), schema)
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_every_constrained_answer_follows_its_schema(
+    loaded: LoadedModel, engine: Engine, temperature: float
+) -> None:
+    prompt_ids = prompt(loaded, "Answer in JSON.")
+    jobs = [
+        make_job(
+            f"resp_{name}_{temperature}", prompt_ids, temperature=temperature, grammar=schema_grammar(schema)
+        )
+        for name, schema in SCHEMAS.items()
+    ]
+    results = run_all(engine, jobs)
+    eos = set(loaded.card.eos_token_ids)
+    for name, schema in SCHEMAS.items():
+        tokens = results[f"resp_{name}_{temperature}"]
+        text = answer(loaded, tokens)
+        assert tokens and tokens[-1] in eos, f"{name}: did not end when the grammar accepted: {text!r}"
+        assert valid(text, schema), f"{name}: {text!r} does not follow {schema}"
+
+
+def test_without_a_grammar_the_same_requests_do_not_follow_the_schemas(
+    loaded: LoadedModel, engine: Engine
+) -> None:
+    prompt_ids = prompt(loaded, "Answer in JSON.")
+    jobs = [make_job(f"resp_free_{name}", prompt_ids, temperature=1.0) for name in SCHEMAS]
+    results = run_all(engine, jobs)
+    following = [
+        name
+        for name, schema in SCHEMAS.items()
+        if valid(answer(loaded, results[f"resp_free_{name}"]), schema)
+    ]
+    assert following == []
+
+
+def test_unconstrained_greedy_rows_are_unchanged_by_constrained_neighbours(
+    loaded: LoadedModel, engine: Engine
+) -> None:
+    prompts = [prompt(loaded, f"Tell me about number {index}.") for index in range(4)]
+    alone = run_all(
+        engine, [make_job(f"resp_alone_{i}", ids, max_output_tokens=48) for i, ids in enumerate(prompts)]
+    )
+    grammar = schema_grammar(SCHEMAS["nested"])
+    mixed_jobs = [make_job(f"resp_mixed_{i}", ids, max_output_tokens=48) for i, ids in enumerate(prompts)] + [
+        make_job(f"resp_neighbour_{i}", prompts[i % 4], temperature=1.0, grammar=grammar) for i in range(6)
+    ]
+    mixed = run_all(engine, mixed_jobs)
+    for index in range(4):
+        assert mixed[f"resp_mixed_{index}"] == alone[f"resp_alone_{index}"]
+    for index in range(6):
+        assert valid(answer(loaded, mixed[f"resp_neighbour_{index}"]), SCHEMAS["nested"])
+
+
+def test_a_resumed_generation_replays_its_tokens_into_a_fresh_matcher(
+    loaded: LoadedModel, engine: Engine
+) -> None:
+    schema = SCHEMAS["array_of_objects"]
+    grammar = schema_grammar(schema)
+    prompt_ids = prompt(loaded, "Points, please.")
+    first = run_all(engine, [make_job("resp_first", prompt_ids, temperature=1.0, grammar=grammar)])[
+        "resp_first"
+    ]
+    assert len(first) > 6
+    # A lost worker published the first six tokens; the new one resumes after them.
+    published = first[:6]
+    resumed_job = make_job(
+        "resp_resumed",
+        prompt_ids + published,
+        temperature=1.0,
+        grammar=grammar,
+        max_output_tokens=MAX_TOKENS - 6,
+    )
+    rest = run_all(engine, [resumed_job], {"resp_resumed": published})["resp_resumed"]
+    assert valid(answer(loaded, published + rest), schema)
+
+
+def test_tokens_that_break_the_grammar_are_refused_on_resume(loaded: LoadedModel, engine: Engine) -> None:
+    grammar = schema_grammar(SCHEMAS["flat"])
+    not_json = loaded.tokenizer("hello", add_special_tokens=False)["input_ids"]
+    job = make_job("resp_broken", prompt(loaded, "x") + not_json, grammar=grammar)
+    with pytest.raises(ValueError, match="do not follow the grammar"):
+        engine.add(job, not_json)
