@@ -175,16 +175,25 @@ def answer_schema(request: CreateResponseRequest) -> dict[str, Any] | None:
 
 
 def answer_shape(
-    request: CreateResponseRequest, plan: GenerationPlan, reasoning_parser: str | None
+    request: CreateResponseRequest,
+    plan: GenerationPlan,
+    reasoning_parser: str | None,
+    template_context: dict[str, Any] | None = None,
 ) -> AnswerShape | None:
-    """What constrained decoding must enforce for ``request``; None when nothing is constrained."""
+    """What constrained decoding must enforce for ``request``; None when nothing is constrained.
+
+    Reasoning is allowed before the answer unless the chat template was told to turn it off.
+    """
     schema = answer_schema(request)
     if schema is None and plan.calls is None:
         return None
     if plan.forced_prefix:
         # A prefilled call (no strict function): the answer is that call, whatever text.format says.
         return None
-    reasoning = reasoning_markup(reasoning_parser) if reasoning_parser is not None else None
+    thinking_off = (template_context or {}).get(THINKING_SWITCH) is False
+    reasoning = (
+        reasoning_markup(reasoning_parser) if reasoning_parser is not None and not thinking_off else None
+    )
     return AnswerShape(reasoning=reasoning, json_schema=schema, calls=plan.calls)
 
 
@@ -224,7 +233,8 @@ def plan_generation(
 ) -> GenerationPlan:
     """Everything the request asks of generation besides its messages."""
     plan = plan_tools(request, tool_parser, reasoning_parser)
-    shape = answer_shape(request, plan, reasoning_parser)
+    context = thinking_context(request, card, reasoning_parser)
+    shape = answer_shape(request, plan, reasoning_parser, context)
     if shape is not None and not card.structured_outputs:
         raise unsupported(
             "This server's GPU worker does not constrain decoding (RESQ_STRUCTURED_OUTPUTS is off), so "
@@ -233,7 +243,7 @@ def plan_generation(
         )
     return replace(
         plan,
-        template_context=thinking_context(request, card, reasoning_parser),
+        template_context=context,
         logprobs=wants_logprobs(request, card),
         answer_shape=shape,
     )

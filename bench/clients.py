@@ -132,8 +132,14 @@ def _chat_usage_tokens(frame: bytes) -> int | None:
     return int(usage.get("completion_tokens", 0))
 
 
-async def resq_stream(client: httpx.AsyncClient, base_url: str, model: str, max_tokens: int) -> StreamTiming:
-    """One greedy streaming ``POST /v1/responses``."""
+async def resq_stream(
+    client: httpx.AsyncClient,
+    base_url: str,
+    model: str,
+    max_tokens: int,
+    text: dict[str, object] | None = None,
+) -> StreamTiming:
+    """One greedy streaming ``POST /v1/responses`` (``text``: e.g. a ``text.format`` to constrain it)."""
     body: dict[str, object] = {
         "model": model,
         "input": PROMPT,
@@ -141,6 +147,8 @@ async def resq_stream(client: httpx.AsyncClient, base_url: str, model: str, max_
         "temperature": 0,
         "stream": True,
     }
+    if text is not None:
+        body["text"] = text
     return await _timed_stream(client, f"{base_url}/v1/responses", body, _is_resq_delta, _resq_usage_tokens)
 
 

@@ -221,11 +221,48 @@ CASES = [
     ),
     Case("tool_choice_without_tools", 400, "invalid_value", "tool_choice", json=body(tool_choice="required")),
     Case(
-        "json_schema_format",
+        "json_schema_invalid",
         400,
-        "unsupported_parameter",
+        "invalid_json_schema",
+        "text.format.schema",
+        json=body(text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "nonsense"}}}),
+    ),
+    Case(
+        "json_schema_bad_pattern",
+        400,
+        "invalid_json_schema",
+        "text.format.schema",
+        json=body(text={"format": {"type": "json_schema", "name": "x", "schema": {"pattern": "(a"}}}),
+    ),
+    Case(
+        "json_schema_without_name",
+        400,
+        "missing_required_parameter",
+        "text.format.name",
+        json=body(text={"format": {"type": "json_schema", "schema": {}}}),
+    ),
+    Case(
+        "text_format_unknown_type",
+        400,
+        "invalid_value",
         "text.format",
-        json=body(text={"format": {"type": "json_schema", "name": "x", "schema": {}}}),
+        json=body(text={"format": {"type": "yaml"}}),
+    ),
+    Case(
+        "strict_tool_bad_parameters",
+        400,
+        "invalid_json_schema",
+        "tools[0].parameters",
+        json=body(
+            tools=[
+                {
+                    "type": "function",
+                    "name": "f",
+                    "strict": True,
+                    "parameters": {"type": "object", "properties": {"a": {"type": 7}}},
+                }
+            ]
+        ),
     ),
     Case("unknown_include", 400, "invalid_value", "include", json=body(include=["everything"])),
     # --- ids --------------------------------------------------------------------------------------

@@ -328,7 +328,6 @@ def test_logprobs_cover_only_the_answer_text(client: OpenAI) -> None:
         ({"truncation": "auto"}, "truncation", "unsupported_parameter"),
         ({"reasoning": {"summary": "detailed"}}, "reasoning.summary", "unsupported_parameter"),
         ({"reasoning": {"effort": "extreme"}}, "reasoning.effort", "invalid_value"),
-        ({"text": {"format": {"type": "json_object"}}}, "text.format", "unsupported_parameter"),
         ({"tools": [{"type": "web_search"}]}, "tools[0].type", "unsupported_parameter"),
         (
             {"tools": [{**GET_WEATHER_TOOL["function"], "type": "function", "defer_loading": True}]},

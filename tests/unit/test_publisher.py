@@ -35,6 +35,9 @@ class FakeEngine:
         self.released = 0
         self.cancelled: list[str] = []
 
+    def forget(self, response_id: str) -> None:
+        """Nothing kept per request (no grammars)."""
+
     def next_outputs(self, timeout_s: float) -> list[GenerationOutput]:
         if not self.outputs:
             time.sleep(min(timeout_s, 0.01))
