@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 # host PyPI's default Linux wheel (CUDA) is the one wanted.
 TORCH := torch==2.13.0
 
-.PHONY: install run test test-fast lint format clean lock docs compose-config bench bench-quick fuzz soak
+.PHONY: install run test test-fast lint format clean lock docs compose-config bench bench-quick bench-structured fuzz soak
 
 install: $(STAMP)
 
@@ -41,6 +41,9 @@ lint: install  ## ruff + mypy
 
 bench: install  ## Benchmarks B1-B4 against the baselines; writes docs/benchmarks.md and .png (~15 min)
 	$(BIN)/resq bench $(BENCH_ARGS)
+
+bench-structured: install  ## Structured (json_schema) vs plain throughput and TTFT, paired per round (~3 min)
+	$(BIN)/python -m bench.structured $(BENCH_ARGS)
 
 bench-quick: install  ## A smaller benchmark run (a few minutes), docs left alone
 	$(BIN)/resq bench --quick --no-doc $(BENCH_ARGS)
