@@ -1,13 +1,16 @@
 """The grammar of a constrained request, checked before anything is queued.
 
 A schema llguidance cannot compile (invalid, an unsupported JSON Schema feature, a
-bad regex ``pattern``, too large) is a 400 ``invalid_request_error`` naming the
-field it came from, so nothing the GPU worker would refuse ever reaches it. Runs
-in a worker thread: compiling a large schema takes milliseconds to a second.
+bad regex ``pattern``, too large) is a 400 ``invalid_json_schema`` naming the field
+it came from, so nothing the GPU worker would refuse ever reaches it. The whole
+grammar is compiled once; only when that fails are the request's schemas compiled
+one by one, to name the culprit. Runs in a worker thread: compiling a large schema
+takes milliseconds to a second.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from api.errors import OpenAIError, invalid_value
@@ -17,17 +20,24 @@ from resq.catalog import TextTokenizer
 from resq.grammars import GrammarError, build_grammar, check_grammar, check_schema
 
 
-def _refused(message: str, param: str) -> OpenAIError:
-    # OpenAI's code for a schema it refuses; anything else is a plain invalid value.
-    code = "invalid_json_schema" if param.endswith(("schema", "parameters")) else "invalid_value"
-    return invalid_value(message, param, code)
+def _schemas(request: CreateResponseRequest) -> Iterator[tuple[dict[str, Any], str, str]]:
+    """Each schema the grammar inlines: (schema, its param, how a message names it)."""
+    schema = answer_schema(request)
+    if schema is not None and request.text is not None:
+        name = getattr(request.text.format, "name", None)
+        yield schema, "text.format.schema", f"response_format '{name}'" if name else "text.format"
+    for index, tool in enumerate(request.tools or []):
+        if isinstance(tool, FunctionTool) and tool.strict and tool.parameters is not None:
+            yield tool.parameters, f"tools[{index}].parameters", f"function '{tool.name}'"
 
 
-def _check_schema(schema: dict[str, Any], tokenizer: TextTokenizer, param: str, what: str) -> None:
-    try:
-        check_schema(schema, tokenizer.grammar_tokenizer)
-    except GrammarError as exc:
-        raise _refused(f"Invalid schema for {what}: {exc}", param) from exc
+def _culprit(request: CreateResponseRequest, tokenizer: TextTokenizer) -> OpenAIError | None:
+    for schema, param, what in _schemas(request):
+        try:
+            check_schema(schema, tokenizer.grammar_tokenizer)
+        except GrammarError as exc:
+            return invalid_value(f"Invalid schema for {what}: {exc}", param, "invalid_json_schema")
+    return None
 
 
 def request_grammar(
@@ -37,19 +47,14 @@ def request_grammar(
     shape = plan.answer_shape
     if shape is None:
         return None
-    schema = answer_schema(request)
-    if schema is not None and request.text is not None:
-        name = getattr(request.text.format, "name", None)
-        what = f"response_format '{name}'" if name else "text.format"
-        _check_schema(schema, tokenizer, "text.format.schema", what)
-    for index, tool in enumerate(request.tools or []):
-        if isinstance(tool, FunctionTool) and tool.strict and tool.parameters is not None:
-            _check_schema(tool.parameters, tokenizer, f"tools[{index}].parameters", f"function '{tool.name}'")
-    param = "text.format" if shape.calls is None else "tools"
     try:
         grammar = build_grammar(shape, tokenizer.special_token_id)
         if grammar is not None:
             check_grammar(grammar, tokenizer.grammar_tokenizer)
     except GrammarError as exc:
-        raise _refused(f"The request's output constraints cannot be enforced: {exc}", param) from exc
+        culprit = _culprit(request, tokenizer)
+        if culprit is not None:
+            raise culprit from exc
+        param = "text.format" if shape.calls is None else "tools"
+        raise invalid_value(f"The request's output constraints cannot be enforced: {exc}", param) from exc
     return grammar

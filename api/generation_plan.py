@@ -43,6 +43,8 @@ from resq.catalog import ModelCard
 from resq.grammars import ANY_OBJECT, AnswerShape, CallableFunction, CallsShape
 from resq.postprocess.parsers import call_end_tag, call_envelope, forced_call_prefix, reasoning_markup
 
+NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
+"""The parameters of a function that declares none (what the template shows, what strict allows)."""
 THINKING_SWITCH = "enable_thinking"
 """The chat-template variable Qwen3-style templates read to turn reasoning on or off."""
 
@@ -82,7 +84,7 @@ def _template_tool(tool: FunctionTool) -> dict[str, Any]:
     function: dict[str, Any] = {"name": tool.name}
     if tool.description is not None:
         function["description"] = tool.description
-    function["parameters"] = tool.parameters or {"type": "object", "properties": {}}
+    function["parameters"] = tool.parameters or NO_PARAMETERS
     return {"type": "function", "function": function}
 
 
@@ -104,7 +106,7 @@ def _forced_function(request: CreateResponseRequest, functions: list[FunctionToo
 def _callable(tool: FunctionTool) -> CallableFunction:
     if not tool.strict:
         return CallableFunction(tool.name, ANY_OBJECT)
-    return CallableFunction(tool.name, tool.parameters or {"type": "object", "properties": {}})
+    return CallableFunction(tool.name, tool.parameters or NO_PARAMETERS)
 
 
 def _constrained_calls(

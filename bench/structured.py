@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import tempfile
 from pathlib import Path
 
 import click
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench import clients
 from bench.models import ensure_bench, ensure_tiny
@@ -39,9 +39,14 @@ TEXT: dict[str, object] = {
 TARGET_RATIO = 0.85
 
 
-def _metric(text: str, name: str) -> float:
-    match = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
+def _samples(text: str) -> dict[str, float]:
+    """Every unlabelled sample of a Prometheus exposition, by sample name."""
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if not sample.labels
+    }
 
 
 async def _round(
@@ -62,7 +67,7 @@ async def _measure(stack: ResqStack, rounds: int, clients_count: int, tokens: in
     async with httpx.AsyncClient(timeout=600) as client:
         for kind in ("plain", "structured"):  # warm-up at full width
             await _round(client, stack, kind, clients_count, 16)
-        before = (await client.get(metrics_url)).text
+        before = _samples((await client.get(metrics_url)).text)
         ratios: list[float] = []
         ttft: dict[str, list[float]] = {"plain": [], "structured": []}
         for round_index in range(rounds):
@@ -75,16 +80,14 @@ async def _measure(stack: ResqStack, rounds: int, clients_count: int, tokens: in
                 click.echo(f"round {round_index + 1}: {kind:10s} {rate:8.1f} tok/s{flag}")
             ratios.append(rates["structured"] / rates["plain"])
             click.echo(f"round {round_index + 1}: structured / plain = {ratios[-1]:.3f}")
-        after = (await client.get(metrics_url)).text
-    mask_s = _metric(after, "resq_grammar_mask_seconds_sum") - _metric(
-        before, "resq_grammar_mask_seconds_sum"
-    )
-    steps = _metric(after, "resq_grammar_mask_seconds_count") - _metric(
-        before, "resq_grammar_mask_seconds_count"
-    )
-    constrained = _metric(after, "resq_constrained_tokens_total") - _metric(
-        before, "resq_constrained_tokens_total"
-    )
+        after = _samples((await client.get(metrics_url)).text)
+
+    def grown(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    mask_s = grown("resq_grammar_mask_seconds_sum")
+    steps = grown("resq_grammar_mask_seconds_count")
+    constrained = grown("resq_constrained_tokens_total")
     median_ratio = median(ratios)
     verdict = "met" if median_ratio >= TARGET_RATIO else f"MISSED by {TARGET_RATIO - median_ratio:.3f}"
     click.echo(f"per-round ratios: {', '.join(f'{value:.3f}' for value in ratios)}")

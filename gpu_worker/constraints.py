@@ -43,6 +43,8 @@ class ConstrainedRows:
     """The constrained rows of one step and their masks (filled by a helper thread)."""
 
     rows: list[int]
+    index: torch.Tensor
+    """``rows`` as a tensor, on the logits' device."""
     matchers: list[LLMatcher]
     bitmask: torch.Tensor
     """int32 [len(rows), words]: bit ``t`` of a row's words is set when token ``t`` is allowed."""
@@ -65,6 +67,7 @@ class GrammarConstraints:
         self._shifts = torch.arange(_BITS, dtype=torch.int32)
 
     def __len__(self) -> int:
+        """How many requests are constrained now (a step checks this before anything else)."""
         return len(self._matchers)
 
     def add(self, request_id: str, grammar: str, replay: list[int]) -> None:
@@ -84,10 +87,8 @@ class GrammarConstraints:
         with self._lock:
             self._matchers.pop(request_id, None)
 
-    def start_masks(self, row_request_ids: list[str]) -> ConstrainedRows | None:
+    def start_masks(self, row_request_ids: list[str], device: torch.device) -> ConstrainedRows | None:
         """Begin filling the masks of the constrained rows of a step; None when it has none."""
-        if not self._matchers:
-            return None
         with self._lock:
             found = [(row, self._matchers.get(rid)) for row, rid in enumerate(row_request_ids)]
         rows = [row for row, matcher in found if matcher is not None]
@@ -96,7 +97,7 @@ class GrammarConstraints:
         matchers = [matcher for _, matcher in found if matcher is not None]
         bitmask = torch.zeros((len(rows), self._words), dtype=torch.int32)
         ready = self._filler.submit(self._fill, matchers, bitmask)
-        return ConstrainedRows(rows, matchers, bitmask, ready)
+        return ConstrainedRows(rows, torch.tensor(rows, device=device), matchers, bitmask, ready)
 
     def _fill(self, matchers: list[LLMatcher], bitmask: torch.Tensor) -> float:
         started = time.perf_counter()
@@ -111,16 +112,14 @@ class GrammarConstraints:
     def apply(self, constrained: ConstrainedRows, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` [rows, vocab] with every token a constrained row's grammar forbids at -inf (a copy)."""
         elapsed = constrained.ready.result()
+        # The masks cover the model's vocabulary (the tokenizer was sized to it), rounded up to 32.
         bits = (constrained.bitmask.unsqueeze(-1) >> self._shifts) & 1
         allowed = bits.reshape(len(constrained.rows), -1)[:, : logits.shape[-1]].bool()
-        if allowed.shape[-1] < logits.shape[-1]:  # a vocabulary wider than the grammar's: the rest is out
-            pad = torch.zeros((allowed.shape[0], logits.shape[-1] - allowed.shape[-1]), dtype=torch.bool)
-            allowed = torch.cat([allowed, pad], dim=-1)
         # A matcher in an error state allows nothing: let it end rather than sample from all -inf.
         stuck = ~allowed.any(dim=-1)
         if bool(stuck.any()) and self._eos_token_ids:
             allowed[stuck.nonzero().squeeze(1).unsqueeze(1), torch.tensor(self._eos_token_ids)] = True
-        index = torch.tensor(constrained.rows, device=logits.device)
+        index = constrained.index
         masked = logits.clone()
         masked[index] = logits[index].masked_fill(
             ~allowed.to(logits.device, non_blocking=True), float("-inf")
@@ -130,7 +129,7 @@ class GrammarConstraints:
 
     def advance(self, constrained: ConstrainedRows, tokens: torch.Tensor) -> None:
         """Feed each constrained row's chosen token (of ``tokens`` [rows]) to its matcher."""
-        chosen = tokens[torch.tensor(constrained.rows, device=tokens.device)].tolist()
+        chosen = tokens[constrained.index].tolist()
         accepted = self._executor.consume_token_par(list(zip(constrained.matchers, chosen, strict=True)))
         metrics.CONSTRAINED_TOKENS.inc(len(chosen))
         for matcher, ok in zip(constrained.matchers, accepted, strict=True):

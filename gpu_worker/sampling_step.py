@@ -136,7 +136,7 @@ def install() -> None:
             constraints: GrammarConstraints | None = getattr(self.logit_processor, _CONSTRAINTS, None)
             constrained = None
             if constraints is not None and len(constraints):
-                constrained = constraints.start_masks(_row_request_ids(self))
+                constrained = constraints.start_masks(_row_request_ids(self), output_ids.device)
             # As transformers' step (model_runner.py, 5.x), up to the processed logits.
             self.inputs_and_outputs.carry_over_tokens(
                 batch_data["input_ids"], carry_over_ids, prev_output_ids
@@ -145,13 +145,16 @@ def install() -> None:
             if "logits_to_keep" not in batch_data:
                 logits = logits[:, batch_data["logits_indices"], :]
             logits = logits[0].float()
-            choice_logits = logits
-            if constrained is not None and constraints is not None:
-                choice_logits = constraints.apply(constrained, logits)
-            tokens = choose_tokens(
-                choice_logits, batch_data["logits_processor_args"], rows, bool(self.pad_inputs)
-            )
-            if constrained is not None and constraints is not None:
+            if constrained is None:
+                tokens = choose_tokens(
+                    logits, batch_data["logits_processor_args"], rows, bool(self.pad_inputs)
+                )
+            else:
+                assert constraints is not None
+                masked = constraints.apply(constrained, logits)
+                tokens = choose_tokens(
+                    masked, batch_data["logits_processor_args"], rows, bool(self.pad_inputs)
+                )
                 constraints.advance(constrained, tokens)
             count = tokens.shape[0]
             output_ids[0, :count].copy_(tokens)

@@ -14,7 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
-import jsonschema
 import openai
 import pytest
 import redis
@@ -24,7 +23,7 @@ from pydantic import BaseModel
 from tests.e2e.conftest import Stack, start_stack
 from tests.fixture_model.scenarios import GET_WEATHER_TOOL
 from tests.support.processes import START_TIMEOUT_S, ProcessGroup, model_registered, wait_until
-from tests.support.schemas import SCHEMAS, WEATHER_PARAMETERS
+from tests.support.schemas import SCHEMAS, WEATHER_PARAMETERS, follows
 
 pytestmark = pytest.mark.e2e
 
@@ -32,14 +31,6 @@ FIXTURE = "fixture"
 TINY = "resq-tiny"
 TINY_REDIS_DB = 14
 """The random-model stack's own Redis database: its GPU worker must not take the fixture's jobs."""
-
-
-def valid(text: str, schema: dict[str, Any]) -> bool:
-    try:
-        jsonschema.validate(json.loads(text), schema)
-    except (ValueError, jsonschema.ValidationError):
-        return False
-    return True
 
 
 def json_format(schema: dict[str, Any], name: str = "answer") -> dict[str, Any]:
@@ -143,7 +134,7 @@ def test_a_strict_tool_call_follows_its_parameters(client: OpenAI) -> None:
         )
         calls = [item for item in response.output if item.type == "function_call"]
         assert len(calls) >= 1, (choice, response.output)
-        assert all(valid(call.arguments, parameters) for call in calls)
+        assert all(follows(call.arguments, parameters) for call in calls)
         assert calls[0].name == "get_weather"
 
 
@@ -273,7 +264,7 @@ def test_random_weights_follow_every_schema(tiny_stack: Stack, temperature: floa
         results = list(pool.map(ask, SCHEMAS.items()))
     for name, status, text in results:
         assert status == "completed", (name, status, text)
-        assert valid(text, SCHEMAS[name]), (name, text)
+        assert follows(text, SCHEMAS[name]), (name, text)
 
 
 def test_random_weights_without_the_format_do_not(tiny_stack: Stack) -> None:
@@ -286,7 +277,7 @@ def test_random_weights_without_the_format_do_not(tiny_stack: Stack) -> None:
 
     with ThreadPoolExecutor(len(SCHEMAS)) as pool:
         texts = dict(zip(SCHEMAS, pool.map(ask, SCHEMAS), strict=True))
-    assert [name for name, text in texts.items() if valid(text, SCHEMAS[name])] == []
+    assert [name for name, text in texts.items() if follows(text, SCHEMAS[name])] == []
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "get_weather"}])
@@ -309,6 +300,6 @@ def test_random_weights_make_strict_calls(tiny_stack: Stack, choice: Any) -> Non
         calls = [item for item in response.output if item.type == "function_call"]
         assert response.status == "completed" and len(calls) == 1, response.output
         schema = WEATHER_PARAMETERS if calls[0].name == "get_weather" else SCHEMAS["flat"]
-        assert valid(calls[0].arguments, schema), calls[0]
+        assert follows(calls[0].arguments, schema), calls[0]
         if isinstance(choice, dict):
             assert calls[0].name == "get_weather"

@@ -8,7 +8,10 @@ allow no other properties, so that every answer ends well within the token budge
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+import jsonschema
 
 NAME: dict[str, Any] = {"type": "string", "maxLength": 8}
 SMALL_INT: dict[str, Any] = {"type": "integer", "minimum": 0, "maximum": 99}
@@ -60,3 +63,12 @@ WEATHER_PARAMETERS: dict[str, Any] = obj(
     {"city": {"type": "string", "maxLength": 10}, "unit": {"enum": ["celsius", "fahrenheit"]}}
 )
 """Arguments of a strict function tool."""
+
+
+def follows(text: str, schema: dict[str, Any]) -> bool:
+    """Whether ``text`` is JSON that validates against ``schema``."""
+    try:
+        jsonschema.validate(json.loads(text), schema)
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True

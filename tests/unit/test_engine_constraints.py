@@ -9,12 +9,10 @@ replays its tokens into a fresh matcher and stays within the grammar.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from typing import Any
 
-import jsonschema
 import pytest
 
 from gpu_worker.engine import Engine
@@ -22,7 +20,7 @@ from gpu_worker.model_loading import LoadedModel, load_model
 from resq.grammars import AnswerShape, build_grammar
 from resq.settings import BUILTIN_MODEL, Settings
 from resq.wire import GenerationJob
-from tests.support.schemas import SCHEMAS
+from tests.support.schemas import SCHEMAS, follows
 
 MAX_TOKENS = 160
 
@@ -90,14 +88,6 @@ def answer(loaded: LoadedModel, tokens: list[int]) -> str:
     return str(loaded.tokenizer.decode(tokens, skip_special_tokens=True))
 
 
-def valid(text: str, schema: dict[str, Any]) -> bool:
-    try:
-        jsonschema.validate(json.loads(text), schema)
-    except (ValueError, jsonschema.ValidationError):
-        return False
-    return True
-
-
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_every_constrained_answer_follows_its_schema(
     loaded: LoadedModel, engine: Engine, temperature: float
@@ -115,7 +105,7 @@ def test_every_constrained_answer_follows_its_schema(
         tokens = results[f"resp_{name}_{temperature}"]
         text = answer(loaded, tokens)
         assert tokens and tokens[-1] in eos, f"{name}: did not end when the grammar accepted: {text!r}"
-        assert valid(text, schema), f"{name}: {text!r} does not follow {schema}"
+        assert follows(text, schema), f"{name}: {text!r} does not follow {schema}"
 
 
 def test_without_a_grammar_the_same_requests_do_not_follow_the_schemas(
@@ -127,7 +117,7 @@ def test_without_a_grammar_the_same_requests_do_not_follow_the_schemas(
     following = [
         name
         for name, schema in SCHEMAS.items()
-        if valid(answer(loaded, results[f"resp_free_{name}"]), schema)
+        if follows(answer(loaded, results[f"resp_free_{name}"]), schema)
     ]
     assert following == []
 
@@ -147,7 +137,7 @@ def test_unconstrained_greedy_rows_are_unchanged_by_constrained_neighbours(
     for index in range(4):
         assert mixed[f"resp_mixed_{index}"] == alone[f"resp_alone_{index}"]
     for index in range(6):
-        assert valid(answer(loaded, mixed[f"resp_neighbour_{index}"]), SCHEMAS["nested"])
+        assert follows(answer(loaded, mixed[f"resp_neighbour_{index}"]), SCHEMAS["nested"])
 
 
 def test_a_resumed_generation_replays_its_tokens_into_a_fresh_matcher(
@@ -170,7 +160,7 @@ def test_a_resumed_generation_replays_its_tokens_into_a_fresh_matcher(
         max_output_tokens=MAX_TOKENS - 6,
     )
     rest = run_all(engine, [resumed_job], {"resp_resumed": published})["resp_resumed"]
-    assert valid(answer(loaded, published + rest), schema)
+    assert follows(answer(loaded, published + rest), schema)
 
 
 def test_tokens_that_break_the_grammar_are_refused_on_resume(loaded: LoadedModel, engine: Engine) -> None:
