@@ -18,6 +18,7 @@ from gpu_worker.engine import Engine
 from gpu_worker.model_loading import load_model
 from gpu_worker.publisher import TokenPublisher
 from gpu_worker.service import GenerationService
+from gpu_worker.shutdown import WorkRelease
 from resq import keys
 from resq.catalog import ModelCard, register_model
 from resq.celery_app import make_celery
@@ -51,15 +52,6 @@ def _watch_engine(publisher: TokenPublisher) -> None:
         time.sleep(1.0)
     log.error("generation engine failed (%s); shutting the GPU worker down", publisher.fatal_error)
     os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _drain(publisher: TokenPublisher, grace_s: float) -> None:
-    """Let the requests in the engine finish, for up to ``grace_s`` seconds."""
-    deadline = time.monotonic() + grace_s
-    if publisher.active_count:
-        log.info("waiting up to %.0fs for %d requests to finish", grace_s, publisher.active_count)
-    while publisher.active_count and time.monotonic() < deadline:
-        time.sleep(0.1)
 
 
 def run(settings: Settings) -> None:
@@ -101,7 +93,15 @@ def run(settings: Settings) -> None:
         redis, engine, publisher, generations, worker_id, dispatch=lambda rid: send_generation(app, rid)
     )
     register_generate_task(app, service)
-    worker_shutting_down.connect(lambda **_: service.stopping.set(), weak=False)
+    release = WorkRelease(
+        publisher, settings.shutdown_grace_s, dispatch=lambda rid: send_generation(app, rid)
+    )
+
+    def shutting_down(**_: object) -> None:
+        service.stopping.set()
+        release.begin()
+
+    worker_shutting_down.connect(shutting_down, weak=False)
     reaper = Reaper(redis, settings, worker_id, send_generation=lambda rid: send_generation(app, rid))
     reaper.start()
     log.info("GPU worker %s serving %r; consuming queue %r", worker_id, loaded.card.name, keys.GENERATE_QUEUE)
@@ -121,11 +121,7 @@ def run(settings: Settings) -> None:
         )
     finally:
         reaper.stop()
-        _drain(publisher, settings.shutdown_grace_s)
-        publisher.stop()
-        # What did not finish in the grace period resumes on another GPU worker (or on this
-        # one when it comes back), from the tokens already published: no need to finish it here.
-        publisher.hand_back_remaining(lambda rid: send_generation(app, rid))
+        release.finish()
         engine.stop(hard=True)
         heartbeat.stop()
 

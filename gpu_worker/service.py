@@ -82,6 +82,12 @@ class GenerationService:
             self._engine.release_slot()
             self._finish_cancelled(response_id, fence, plan)
             return
+        if self.stopping.is_set():
+            # Taken while shutting down (Celery's consumer stops a poll late): not admitted here.
+            self._engine.release_slot()
+            if self._generations.hand_back(response_id, fence, int(time.time() * 1000)):
+                self._dispatch(response_id)
+            return
         self._admit(response_id, fence, plan)
 
     def _cancelled(self, response_id: str) -> bool:
