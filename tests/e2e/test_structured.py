@@ -8,6 +8,7 @@ because constrained decoding makes them.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +18,8 @@ from typing import Any, Literal
 import openai
 import pytest
 import redis
-from openai import OpenAI
+from agents import Agent, ModelSettings, OpenAIResponsesModel, RunConfig, Runner
+from openai import AsyncOpenAI, OpenAI
 from pydantic import BaseModel
 
 from tests.e2e.conftest import Stack, start_stack
@@ -192,20 +194,14 @@ def test_a_strict_tool_with_a_bad_schema_is_a_400_naming_the_tool(client: OpenAI
 
 
 def test_an_openai_agents_agent_with_output_type(stack: Stack) -> None:
-    agents = pytest.importorskip("agents")
-    from agents import Agent, OpenAIResponsesModel, RunConfig, Runner
-    from openai import AsyncOpenAI
-
     client = AsyncOpenAI(base_url=f"{stack.base_url}/v1", api_key="sk-test", max_retries=0)
     agent = Agent(
         name="math",
         instructions=None,
         model=OpenAIResponsesModel(model=FIXTURE, openai_client=client),
         output_type=Answer,
-        model_settings=agents.ModelSettings(temperature=0),
+        model_settings=ModelSettings(temperature=0),
     )
-    import asyncio
-
     result = asyncio.run(
         Runner.run(agent, "What is 2+2? Think first.", run_config=RunConfig(tracing_disabled=True))
     )
