@@ -52,6 +52,12 @@ class GenerationService:
         in the broker's hands rather than this worker's, so an idle GPU worker
         elsewhere takes it.
         """
+        if self.stopping.is_set():
+            # Taken from the queue after shutdown began (Celery's consumer stops a poll late):
+            # passed on unclaimed, so the job's next claim is another worker's.
+            log.info("shutting down: passing %s on unclaimed", response_id)
+            self._dispatch(response_id)
+            return
         claim = self._generations.claim(response_id, self._worker_id)
         if claim.fence is None or claim.job is None:
             log.info("not generating %s: %s", response_id, claim.outcome)
@@ -83,7 +89,7 @@ class GenerationService:
             self._finish_cancelled(response_id, fence, plan)
             return
         if self.stopping.is_set():
-            # Taken while shutting down (Celery's consumer stops a poll late): not admitted here.
+            # Shutdown began while this job waited for its slot: not admitted here either.
             self._engine.release_slot()
             if self._generations.hand_back(response_id, fence, int(time.time() * 1000)):
                 self._dispatch(response_id)
