@@ -8,7 +8,7 @@ each matcher advances. Rows of unconstrained requests are never touched, and a s
 without constrained rows costs one dictionary look-up.
 
 The masks are computed while the forward pass runs: :meth:`GrammarConstraints.start_masks`
-fills them on a helper thread (llguidance releases the GIL, and its executor spreads
+fills and unpacks them on a helper thread (llguidance releases the GIL, and its executor spreads
 the rows over its own threads) and the step collects them once the logits exist.
 
 A resumed generation (its previous GPU worker was lost) replays the tokens already
@@ -46,10 +46,9 @@ class ConstrainedRows:
     index: torch.Tensor
     """``rows`` as a tensor, on the logits' device."""
     matchers: list[LLMatcher]
-    bitmask: torch.Tensor
-    """int32 [len(rows), words]: bit ``t`` of a row's words is set when token ``t`` is allowed."""
-    ready: Future[float]
-    """Done when ``bitmask`` is filled; its result is the fill time in seconds."""
+    forbidden: Future[tuple[torch.Tensor, float]]
+    """Done once the masks are computed: bool [len(rows), vocab], True where a grammar forbids the
+    token, and the seconds it took."""
 
 
 class GrammarConstraints:
@@ -95,34 +94,36 @@ class GrammarConstraints:
         if not rows:
             return None
         matchers = [matcher for _, matcher in found if matcher is not None]
-        bitmask = torch.zeros((len(rows), self._words), dtype=torch.int32)
-        ready = self._filler.submit(self._fill, matchers, bitmask)
-        return ConstrainedRows(rows, torch.tensor(rows, device=device), matchers, bitmask, ready)
+        forbidden = self._filler.submit(self._forbidden_tokens, matchers)
+        return ConstrainedRows(rows, torch.tensor(rows, device=device), matchers, forbidden)
 
-    def _fill(self, matchers: list[LLMatcher], bitmask: torch.Tensor) -> float:
+    def _forbidden_tokens(self, matchers: list[LLMatcher]) -> tuple[torch.Tensor, float]:
+        # Runs on the helper thread, all of it while the forward pass runs: the mask fill
+        # (llguidance, GIL released) and unpacking its bits into one boolean per token.
         started = time.perf_counter()
+        bitmask = torch.zeros((len(matchers), self._words), dtype=torch.int32)
         self._executor.unsafe_compute_mask_ptr(
             [(matcher, index) for index, matcher in enumerate(matchers)],
             bitmask.data_ptr(),
             self._words * 4,
             len(matchers),
         )
-        return time.perf_counter() - started
-
-    def apply(self, constrained: ConstrainedRows, logits: torch.Tensor) -> torch.Tensor:
-        """``logits`` [rows, vocab] with every token a constrained row's grammar forbids at -inf (a copy)."""
-        elapsed = constrained.ready.result()
         # The masks cover the model's vocabulary (the tokenizer was sized to it), rounded up to 32.
-        bits = (constrained.bitmask.unsqueeze(-1) >> self._shifts) & 1
-        allowed = bits.reshape(len(constrained.rows), -1)[:, : logits.shape[-1]].bool()
+        bits = (bitmask.unsqueeze(-1) >> self._shifts) & 1
+        allowed = bits.reshape(len(matchers), -1)[:, : self.vocab_size].bool()
         # A matcher in an error state allows nothing: let it end rather than sample from all -inf.
         stuck = ~allowed.any(dim=-1)
         if bool(stuck.any()) and self._eos_token_ids:
             allowed[stuck.nonzero().squeeze(1).unsqueeze(1), torch.tensor(self._eos_token_ids)] = True
+        return ~allowed, time.perf_counter() - started
+
+    def apply(self, constrained: ConstrainedRows, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` [rows, vocab] with every token a constrained row's grammar forbids at -inf (a copy)."""
+        forbidden, elapsed = constrained.forbidden.result()
         index = constrained.index
         masked = logits.clone()
         masked[index] = logits[index].masked_fill(
-            ~allowed.to(logits.device, non_blocking=True), float("-inf")
+            forbidden.to(logits.device, non_blocking=True), float("-inf")
         )
         metrics.GRAMMAR_MASK_SECONDS.observe(elapsed)
         return masked

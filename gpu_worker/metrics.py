@@ -16,7 +16,7 @@ GENERATED_TOKENS = Counter(
 PROMPT_TOKENS = Counter("resq_prompt_tokens", "Prompt tokens of the requests admitted into the engine.")
 GRAMMAR_MASK_SECONDS = Histogram(
     "resq_grammar_mask_seconds",
-    "Time to fill the grammar masks of one engine step's constrained rows (overlaps the forward pass).",
+    "Time to compute the grammar masks of one engine step's constrained rows (overlaps the forward pass).",
     buckets=(0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5),
 )
 CONSTRAINED_TOKENS = Counter(
