@@ -14,29 +14,34 @@ from collections.abc import Iterator
 from typing import Any
 
 from api.errors import OpenAIError, invalid_value
-from api.generation_plan import GenerationPlan, answer_schema
-from api.schemas import CreateResponseRequest, FunctionTool
+from api.generation_plan import GenerationPlan, answer_schema, custom_input_schema
+from api.schemas import CreateResponseRequest, CustomTool, FunctionTool
 from resq.catalog import TextTokenizer
 from resq.grammars import GrammarError, build_grammar, check_grammar, check_schema
 
 
-def _schemas(request: CreateResponseRequest) -> Iterator[tuple[dict[str, Any], str, str]]:
-    """Each schema the grammar inlines: (schema, its param, how a message names it)."""
+def _schemas(request: CreateResponseRequest) -> Iterator[tuple[dict[str, Any], str, str, str]]:
+    """Each schema the grammar inlines: (schema, its param, how a message names it, the error code)."""
     schema = answer_schema(request)
     if schema is not None and request.text is not None:
         name = getattr(request.text.format, "name", None)
-        yield schema, "text.format.schema", f"response_format '{name}'" if name else "text.format"
+        what = f"Invalid schema for response_format '{name}'" if name else "Invalid schema for text.format"
+        yield schema, "text.format.schema", what, "invalid_json_schema"
     for index, tool in enumerate(request.tools or []):
         if isinstance(tool, FunctionTool) and tool.strict and tool.parameters is not None:
-            yield tool.parameters, f"tools[{index}].parameters", f"function '{tool.name}'"
+            what = f"Invalid schema for function '{tool.name}'"
+            yield tool.parameters, f"tools[{index}].parameters", what, "invalid_json_schema"
+        elif isinstance(tool, CustomTool) and tool.regex is not None:
+            what = f"Invalid regex for custom tool '{tool.name}'"
+            yield custom_input_schema(tool), f"tools[{index}].format.definition", what, "invalid_value"
 
 
 def _culprit(request: CreateResponseRequest, tokenizer: TextTokenizer) -> OpenAIError | None:
-    for schema, param, what in _schemas(request):
+    for schema, param, what, code in _schemas(request):
         try:
             check_schema(schema, tokenizer.grammar_tokenizer)
         except GrammarError as exc:
-            return invalid_value(f"Invalid schema for {what}: {exc}", param, "invalid_json_schema")
+            return invalid_value(f"{what}: {exc}", param, code)
     return None
 
 

@@ -77,7 +77,7 @@ _NOT_FIELDS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", 
 # (`reasoning.mode` is a real field), `text.format` names its branch by type.
 _TAG_AFTER: dict[str, frozenset[str]] = {
     "tool_choice": frozenset({"mode"}),
-    "format": frozenset({"text", "json_schema", "json_object"}),
+    "format": frozenset({"text", "json_schema", "json_object", "grammar"}),
 }
 
 
@@ -98,6 +98,9 @@ def _param_path(loc: Sequence[int | str], skip_tags: bool = True) -> str | None:
             "message",
             "function_call",
             "function_call_output",
+            "custom",
+            "custom_tool_call",
+            "custom_tool_call_output",
             "reasoning",
             "item_reference",
             "input_text",

@@ -15,6 +15,9 @@ Every option is either enforced or refused with a 400 naming it; none is ignored
   prefills the assistant turn with the opening of a call, so the model can only
   go on with one (the prefill is part of the answer: the post-processor parses it
   as output); ``auto`` leaves the answer free.
+- ``custom`` tools reach the template as functions with one string parameter, ``input``;
+  their calls come back as ``custom_tool_call`` items. A ``regex`` grammar constrains the
+  input (a grammar like a strict function's); ``{"type": "custom", "name"}`` forces one.
 - ``text.format`` ``json_schema`` / ``json_object``: the message text is constrained to
   the schema (to any JSON object), after reasoning runs free.
 - ``parallel_tool_calls: false``: the answer ends after its first call; where the
@@ -34,12 +37,15 @@ from typing import Any
 from api.errors import OpenAIError, invalid_value
 from api.schemas import (
     CreateResponseRequest,
+    CustomTool,
+    CustomToolChoice,
     FunctionTool,
     FunctionToolChoice,
     JsonObjectFormat,
     JsonSchemaFormat,
 )
 from resq.catalog import ModelCard
+from resq.conversation import CUSTOM_INPUT
 from resq.grammars import ANY_OBJECT, AnswerShape, CallableFunction, CallsShape
 from resq.postprocess.parsers import call_end_tag, call_envelope, forced_call_prefix, reasoning_markup
 
@@ -64,6 +70,8 @@ class GenerationPlan:
     max_calls: int | None = None
     template_context: dict[str, Any] = field(default_factory=dict)
     logprobs: bool = False
+    custom_tools: tuple[str, ...] = ()
+    """Names of the offered custom tools: their calls come back as ``custom_tool_call`` items."""
     calls: CallsShape | None = None
     """The calls a grammar must allow (some function is strict); None: calls are not constrained."""
     answer_shape: AnswerShape | None = None
@@ -75,27 +83,52 @@ def unsupported(message: str, param: str) -> OpenAIError:
     return OpenAIError(400, message, param=param, code="unsupported_parameter")
 
 
-def _functions(request: CreateResponseRequest) -> list[FunctionTool]:
-    # Built-in tools are refused by validation: every tool left is a function.
-    return [tool for tool in request.tools or [] if isinstance(tool, FunctionTool)]
+OfferedTool = FunctionTool | CustomTool
+"""A tool the model may call (built-in tools are refused by validation)."""
 
 
-def _template_tool(tool: FunctionTool) -> dict[str, Any]:
+def _functions(request: CreateResponseRequest) -> list[OfferedTool]:
+    return [tool for tool in request.tools or [] if isinstance(tool, FunctionTool | CustomTool)]
+
+
+def custom_input_schema(tool: CustomTool) -> dict[str, Any]:
+    """The JSON schema of a custom tool's ``input`` (the whole text matches its regex, if any)."""
+    schema: dict[str, Any] = {"type": "string"}
+    if tool.regex is not None:
+        schema["pattern"] = (
+            f"^(?:{tool.regex})$"  # JSON Schema patterns match anywhere; the input is all of it
+        )
+    return schema
+
+
+def _parameters(tool: OfferedTool) -> dict[str, Any]:
+    if isinstance(tool, FunctionTool):
+        return tool.parameters or NO_PARAMETERS
+    return {
+        "type": "object",
+        "properties": {CUSTOM_INPUT: {"type": "string"}},
+        "required": [CUSTOM_INPUT],
+    }
+
+
+def _template_tool(tool: OfferedTool) -> dict[str, Any]:
     function: dict[str, Any] = {"name": tool.name}
     if tool.description is not None:
         function["description"] = tool.description
-    function["parameters"] = tool.parameters or NO_PARAMETERS
+    function["parameters"] = _parameters(tool)
     return {"type": "function", "function": function}
 
 
-def _forced_function(request: CreateResponseRequest, functions: list[FunctionTool]) -> str | None:
-    """The function the answer must call, if the choice names one (or only one is offered)."""
+def _forced_function(request: CreateResponseRequest, functions: list[OfferedTool]) -> str | None:
+    """The tool the answer must call, if the choice names one (or only one is offered)."""
     choice = request.tool_choice
-    if isinstance(choice, FunctionToolChoice):
-        names = [tool.name for tool in functions]
+    if isinstance(choice, FunctionToolChoice | CustomToolChoice):
+        kind = FunctionTool if isinstance(choice, FunctionToolChoice) else CustomTool
+        noun = "function" if kind is FunctionTool else "custom tool"
+        names = [tool.name for tool in functions if isinstance(tool, kind)]
         if choice.name not in names:
             raise invalid_value(
-                f"tool_choice names the function {choice.name!r}, which is not in tools "
+                f"tool_choice names the {noun} {choice.name!r}, which is not in tools "
                 f"({', '.join(repr(name) for name in names)}).",
                 "tool_choice",
             )
@@ -103,22 +136,35 @@ def _forced_function(request: CreateResponseRequest, functions: list[FunctionToo
     return functions[0].name if len(functions) == 1 else None
 
 
-def _callable(tool: FunctionTool) -> CallableFunction:
+def _constrains(tool: OfferedTool) -> bool:
+    """Whether the tool's calls must be constrained: a strict function, or a custom tool with a regex."""
+    return bool(tool.strict) if isinstance(tool, FunctionTool) else tool.regex is not None
+
+
+def _callable(tool: OfferedTool) -> CallableFunction:
+    if isinstance(tool, CustomTool):
+        arguments = {
+            "type": "object",
+            "properties": {CUSTOM_INPUT: custom_input_schema(tool)},
+            "required": [CUSTOM_INPUT],
+            "additionalProperties": False,
+        }
+        return CallableFunction(tool.name, arguments)
     if not tool.strict:
         return CallableFunction(tool.name, ANY_OBJECT)
     return CallableFunction(tool.name, tool.parameters or NO_PARAMETERS)
 
 
 def _constrained_calls(
-    request: CreateResponseRequest, functions: list[FunctionTool], tool_parser: str, forcing: bool
+    request: CreateResponseRequest, functions: list[OfferedTool], tool_parser: str, forcing: bool
 ) -> CallsShape | None:
-    """The calls' grammar when some function is strict (None: calls stay unconstrained)."""
-    if not any(tool.strict for tool in functions):
+    """The calls' grammar when some tool constrains its calls (None: calls stay unconstrained)."""
+    if not any(_constrains(tool) for tool in functions):
         return None
     offered = functions
     if forcing:
         forced = _forced_function(request, functions)
-        if isinstance(request.tool_choice, FunctionToolChoice) and forced is not None:
+        if isinstance(request.tool_choice, FunctionToolChoice | CustomToolChoice) and forced is not None:
             offered = [tool for tool in functions if tool.name == forced]
     return CallsShape(
         envelope=call_envelope(tool_parser),
@@ -136,13 +182,20 @@ def plan_tools(
     choice = request.tool_choice or "auto"
     if choice == "none":
         return GenerationPlan()
-    forcing = choice == "required" or isinstance(choice, FunctionToolChoice)
+    forcing = choice == "required" or isinstance(choice, FunctionToolChoice | CustomToolChoice)
     if not functions:
         if forcing:
             raise invalid_value(
                 "tool_choice asks for a function call, but the request has no tools.", "tool_choice"
             )
         return GenerationPlan()
+    names = [tool.name for tool in functions]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise invalid_value(
+            f"Tool names must be unique; {', '.join(repr(name) for name in repeated)} appears more than once.",
+            "tools",
+        )
     if tool_parser is None:
         raise unsupported(
             "This server has no tool-call parser configured (RESQ_TOOL_PARSER), so it cannot return "
@@ -163,6 +216,7 @@ def plan_tools(
         stop_after=call_end_tag(tool_parser) if single_call else None,
         max_calls=1 if single_call else None,
         calls=calls,
+        custom_tools=tuple(tool.name for tool in functions if isinstance(tool, CustomTool)),
     )
 
 

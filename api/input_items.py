@@ -74,10 +74,19 @@ def normalise_item(item: Item, item_id: str) -> Item:
             "arguments": item.get("arguments", ""),
             "status": item.get("status") or "completed",
         }
-    if kind == "function_call_output":
+    if kind == "custom_tool_call":
         return {
             "id": identifier,
-            "type": "function_call_output",
+            "type": "custom_tool_call",
+            "call_id": item["call_id"],
+            "name": item["name"],
+            "input": item.get("input", ""),
+            "status": item.get("status") or "completed",
+        }
+    if kind in ("function_call_output", "custom_tool_call_output"):
+        return {
+            "id": identifier,
+            "type": kind,
             "call_id": item["call_id"],
             "output": item.get("output", ""),
             "status": item.get("status") or "completed",

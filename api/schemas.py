@@ -214,7 +214,37 @@ class UnsupportedItem(BaseModel):
         raise unsupported(f"Input items of type {value!r}")
 
 
-_ITEM_TAGS = ("message", "function_call", "function_call_output", "reasoning", "item_reference")
+class CustomToolCallItem(_Strict):
+    """A ``custom_tool_call`` the model made in an earlier turn."""
+
+    type: Literal["custom_tool_call"]
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    input: str
+    id: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+    namespace: str | None = None
+
+
+class CustomToolCallOutputItem(_Strict):
+    """The caller's result of a ``custom_tool_call``."""
+
+    type: Literal["custom_tool_call_output"]
+    call_id: str = Field(min_length=1)
+    output: str | list[ContentPart]
+    id: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+_ITEM_TAGS = (
+    "message",
+    "function_call",
+    "function_call_output",
+    "custom_tool_call",
+    "custom_tool_call_output",
+    "reasoning",
+    "item_reference",
+)
 
 
 def _item_tag(value: Any) -> str:
@@ -228,6 +258,8 @@ InputItem = Annotated[
     Annotated[MessageItem, Tag("message")]
     | Annotated[FunctionCallItem, Tag("function_call")]
     | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[CustomToolCallItem, Tag("custom_tool_call")]
+    | Annotated[CustomToolCallOutputItem, Tag("custom_tool_call_output")]
     | Annotated[ReasoningItem, Tag("reasoning")]
     | Annotated[ItemReference, Tag("item_reference")]
     | Annotated[UnsupportedItem, Tag("other")],
@@ -238,24 +270,17 @@ InputItem = Annotated[
 # --- tools ---------------------------------------------------------------------------------------
 
 
-class FunctionTool(_Strict):
-    """A function the model may call.
-
-    With ``strict: true`` a call's arguments are constrained to ``parameters`` by
-    constrained decoding (:mod:`resq.grammars`); otherwise they are any JSON object.
-    """
+class _ToolBase(_Strict):
+    """What every tool the model may call has: a name, a description, how it may be called."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    type: Literal["function"]
+    type: str
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
     description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
     defer_loading: bool | None = None
     allowed_callers: list[Literal["direct", "programmatic"]] | None = None
     async_: bool | None = Field(None, alias="async")
-    output_schema: dict[str, Any] | None = None
 
     @field_validator("defer_loading", "async_")
     @classmethod
@@ -271,6 +296,19 @@ class FunctionTool(_Strict):
         if value is not None and "programmatic" in value:
             raise unsupported("Programmatic tool calling")
         return value
+
+
+class FunctionTool(_ToolBase):
+    """A function the model may call.
+
+    With ``strict: true`` a call's arguments are constrained to ``parameters`` by
+    constrained decoding (:mod:`resq.grammars`); otherwise they are any JSON object.
+    """
+
+    type: Literal["function"]
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+    output_schema: dict[str, Any] | None = None
 
     @field_validator("output_schema")
     @classmethod
@@ -292,13 +330,61 @@ class UnsupportedTool(BaseModel):
         raise unsupported(f"Tools of type {value!r}")
 
 
+class CustomTextFormat(_Strict):
+    """``{"type": "text"}``: the custom tool's input is any text."""
+
+    type: Literal["text"]
+
+
+class CustomGrammarFormat(_Strict):
+    """``{"type": "grammar", "syntax": "regex", "definition"}``: the input matches the regex.
+
+    The input travels inside the tool parser's JSON envelope (a JSON string), where a
+    regular expression can constrain it and a context-free Lark grammar cannot: ``lark``
+    is refused.
+    """
+
+    type: Literal["grammar"]
+    syntax: Literal["lark", "regex"]
+    definition: str = Field(min_length=1)
+
+    @field_validator("syntax")
+    @classmethod
+    def _regex_only(cls, value: str) -> str:
+        if value == "lark":
+            raise unsupported(
+                "Custom tools with a Lark grammar (a call's input is a JSON string in the tool "
+                "parser's envelope, which a regex can constrain and a Lark grammar cannot; use "
+                "syntax 'regex')"
+            )
+        return value
+
+
+class CustomTool(_ToolBase):
+    """A custom (freeform) tool: the model calls it with text, not JSON arguments.
+
+    The chat template sees it as a function with one string parameter, ``input``; a
+    call comes back as a ``custom_tool_call`` whose ``input`` is that string.
+    """
+
+    type: Literal["custom"]
+    format: Annotated[CustomTextFormat | CustomGrammarFormat, Field(discriminator="type")] | None = None
+
+    @property
+    def regex(self) -> str | None:
+        """The regex the input must match, if the format has one."""
+        return self.format.definition if isinstance(self.format, CustomGrammarFormat) else None
+
+
 def _tool_tag(value: Any) -> str:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return "function" if kind == "function" else "other"
+    return kind if kind in ("function", "custom") else "other"
 
 
 Tool = Annotated[
-    Annotated[FunctionTool, Tag("function")] | Annotated[UnsupportedTool, Tag("other")],
+    Annotated[FunctionTool, Tag("function")]
+    | Annotated[CustomTool, Tag("custom")]
+    | Annotated[UnsupportedTool, Tag("other")],
     Discriminator(_tool_tag),
 ]
 
@@ -307,6 +393,13 @@ class FunctionToolChoice(_Strict):
     """``{"type": "function", "name": ...}``: the model must call this function."""
 
     type: Literal["function"]
+    name: str = Field(min_length=1)
+
+
+class CustomToolChoice(_Strict):
+    """``{"type": "custom", "name": ...}``: the model must call this custom tool."""
+
+    type: Literal["custom"]
     name: str = Field(min_length=1)
 
 
@@ -326,12 +419,13 @@ def _tool_choice_tag(value: Any) -> str:
     if isinstance(value, str):
         return "mode"
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return "function" if kind == "function" else "other"
+    return kind if kind in ("function", "custom") else "other"
 
 
 ToolChoice = Annotated[
     Annotated[Literal["none", "auto", "required"], Tag("mode")]
     | Annotated[FunctionToolChoice, Tag("function")]
+    | Annotated[CustomToolChoice, Tag("custom")]
     | Annotated[UnsupportedToolChoice, Tag("other")],
     Discriminator(_tool_choice_tag),
 ]

@@ -216,6 +216,7 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
         reasoning_parser=settings.reasoning_parser,
         tool_parser=settings.tool_parser,
         tools_enabled=plan.tools_enabled,
+        custom_tools=plan.custom_tools,
         max_function_calls=plan.max_calls,
         forced_prefix_ids=tuple(forced_ids),
         logprobs=plan.logprobs,

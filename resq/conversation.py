@@ -11,6 +11,8 @@ templates expect:
   them) become one assistant message with ``tool_calls`` whose ``arguments`` is
   a dict, as Qwen/Hermes templates render it;
 - ``function_call_output`` becomes a ``tool`` message;
+- ``custom_tool_call`` / ``custom_tool_call_output`` render the same way, the call's
+  ``input`` as its one argument (``{"input": ...}``, how the custom tool was offered);
 - a ``reasoning`` item is attached as ``reasoning_content`` to the assistant
   message that follows it.
 """
@@ -22,6 +24,9 @@ from typing import Any
 
 Message = dict[str, Any]
 Item = dict[str, Any]
+
+CUSTOM_INPUT = "input"
+"""The one parameter a custom tool is offered with: its call's text."""
 
 
 def content_text(content: str | list[dict[str, Any]] | None) -> str:
@@ -65,11 +70,16 @@ def items_to_messages(items: list[Item], instructions: str | None = None) -> lis
                 message["reasoning_content"] = pending_reasoning
                 pending_reasoning = None
             messages.append(message)
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
+            arguments = (
+                _arguments_value(item.get("arguments", ""))
+                if kind == "function_call"
+                else {CUSTOM_INPUT: item.get("input", "")}
+            )
             call = {
                 "type": "function",
                 "id": item["call_id"],
-                "function": {"name": item["name"], "arguments": _arguments_value(item.get("arguments", ""))},
+                "function": {"name": item["name"], "arguments": arguments},
             }
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
@@ -80,7 +90,7 @@ def items_to_messages(items: list[Item], instructions: str | None = None) -> lis
                     assistant["reasoning_content"] = pending_reasoning
                     pending_reasoning = None
                 messages.append(assistant)
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             output = item.get("output")
             text = output if isinstance(output, str) else content_text(output)
             messages.append({"role": "tool", "content": text, "tool_call_id": item["call_id"]})

@@ -15,7 +15,13 @@ from typing import Any, Literal
 from resq import ids
 from resq.events import builders as build
 from resq.events.builders import Event, ItemStatus
-from resq.postprocess.segments import ReasoningSegment, Segment, TextSegment, ToolCallSegment
+from resq.postprocess.segments import (
+    CustomToolCallSegment,
+    ReasoningSegment,
+    Segment,
+    TextSegment,
+    ToolCallSegment,
+)
 
 OpenKind = Literal["message", "reasoning"]
 
@@ -49,6 +55,8 @@ class OutputAssembler:
             return self._append_text("message", segment.text, segment.logprobs)
         if isinstance(segment, ReasoningSegment):
             return self._append_text("reasoning", segment.text, [])
+        if isinstance(segment, CustomToolCallSegment):
+            return self._custom_tool_call(segment)
         return self._function_call(segment)
 
     def close(self, status: ItemStatus) -> list[Event]:
@@ -119,17 +127,24 @@ class OutputAssembler:
         events.append(build.output_item_done(item.output_index, done_item))
         return events
 
-    def _function_call(self, call: ToolCallSegment) -> list[Event]:
-        events: list[Event] = []
-        if self._open is not None:
-            events += self._close_open("completed")
+    def _start_call(self, prefix: str) -> tuple[list[Event], int, str, str]:
+        """Close the open item and number a call item: (events so far, index, item id, call id)."""
+        events = self._close_open("completed") if self._open is not None else []
         index = self._next_index()
-        item_id = ids.item_id("fc", self._response_id, index)
-        call_id = ids.item_id("call", self._response_id, index)
         self.function_calls += 1
+        return (
+            events,
+            index,
+            ids.item_id(prefix, self._response_id, index),
+            ids.item_id("call", self._response_id, index),
+        )
+
+    def _function_call(self, call: ToolCallSegment) -> list[Event]:
+        events, index, item_id, call_id = self._start_call("fc")
         done_item = build.function_call_item(item_id, call_id, call.name, call.arguments, "completed")
         self.items.append(done_item)
-        events += [
+        return [
+            *events,
             build.output_item_added(
                 index, build.function_call_item(item_id, call_id, call.name, "", "in_progress")
             ),
@@ -137,4 +152,17 @@ class OutputAssembler:
             build.function_call_arguments_done(item_id, index, call.name, call.arguments),
             build.output_item_done(index, done_item),
         ]
-        return events
+
+    def _custom_tool_call(self, call: CustomToolCallSegment) -> list[Event]:
+        events, index, item_id, call_id = self._start_call("ctc")
+        done_item = build.custom_tool_call_item(item_id, call_id, call.name, call.input, "completed")
+        self.items.append(done_item)
+        return [
+            *events,
+            build.output_item_added(
+                index, build.custom_tool_call_item(item_id, call_id, call.name, "", "in_progress")
+            ),
+            build.custom_tool_call_input_delta(item_id, index, call.input),
+            build.custom_tool_call_input_done(item_id, index, call.input),
+            build.output_item_done(index, done_item),
+        ]

@@ -60,6 +60,20 @@ def function_call_item(
     }
 
 
+def custom_tool_call_item(
+    item_id: str, call_id: str, name: str, input_text: str, status: ItemStatus
+) -> dict[str, Any]:
+    """A ``custom_tool_call`` output item."""
+    return {
+        "type": "custom_tool_call",
+        "id": item_id,
+        "call_id": call_id,
+        "name": name,
+        "input": input_text,
+        "status": status,
+    }
+
+
 # --- events --------------------------------------------------------------------------------------
 
 
@@ -184,6 +198,26 @@ def function_call_arguments_done(item_id: str, output_index: int, name: str, arg
         "output_index": output_index,
         "name": name,
         "arguments": arguments,
+    }
+
+
+def custom_tool_call_input_delta(item_id: str, output_index: int, delta: str) -> Event:
+    """``response.custom_tool_call_input.delta``."""
+    return {
+        "type": types.CUSTOM_TOOL_CALL_INPUT_DELTA,
+        "item_id": item_id,
+        "output_index": output_index,
+        "delta": delta,
+    }
+
+
+def custom_tool_call_input_done(item_id: str, output_index: int, input_text: str) -> Event:
+    """``response.custom_tool_call_input.done``."""
+    return {
+        "type": types.CUSTOM_TOOL_CALL_INPUT_DONE,
+        "item_id": item_id,
+        "output_index": output_index,
+        "input": input_text,
     }
 
 

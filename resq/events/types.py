@@ -21,6 +21,8 @@ REASONING_TEXT_DELTA: Final = "response.reasoning_text.delta"
 REASONING_TEXT_DONE: Final = "response.reasoning_text.done"
 FUNCTION_CALL_ARGUMENTS_DELTA: Final = "response.function_call_arguments.delta"
 FUNCTION_CALL_ARGUMENTS_DONE: Final = "response.function_call_arguments.done"
+CUSTOM_TOOL_CALL_INPUT_DELTA: Final = "response.custom_tool_call_input.delta"
+CUSTOM_TOOL_CALL_INPUT_DONE: Final = "response.custom_tool_call_input.done"
 
 TERMINAL_BY_STATUS: Final = {
     "completed": COMPLETED,

@@ -37,4 +37,12 @@ class ToolCallSegment:
     arguments: str
 
 
-Segment = TextSegment | ReasoningSegment | ToolCallSegment
+@dataclass(frozen=True, slots=True)
+class CustomToolCallSegment:
+    """One complete call of a custom tool; ``input`` is its text."""
+
+    name: str
+    input: str
+
+
+Segment = TextSegment | ReasoningSegment | ToolCallSegment | CustomToolCallSegment

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -299,3 +300,92 @@ def test_random_weights_make_strict_calls(tiny_stack: Stack, choice: Any) -> Non
         assert follows(calls[0].arguments, schema), calls[0]
         if isinstance(choice, dict):
             assert calls[0].name == "get_weather"
+
+
+CODE_TOOL: dict[str, Any] = {
+    "type": "custom",
+    "name": "code",
+    "description": "Submit a code.",
+    "format": {"type": "grammar", "syntax": "regex", "definition": "[A-Z]{3}-[0-9]{2}( [a-z]{1,5})?"},
+}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_random_weights_write_regex_custom_tool_inputs(tiny_stack: Stack, temperature: float) -> None:
+    client = tiny_stack.client()
+    with client.responses.stream(
+        model=TINY,
+        input="Code?",
+        temperature=temperature,
+        tools=[CODE_TOOL],  # type: ignore[list-item]
+        tool_choice={"type": "custom", "name": "code"},
+        parallel_tool_calls=False,
+        max_output_tokens=80,
+    ) as stream:
+        events = list(stream)
+        response = stream.get_final_response()
+    calls = [item for item in response.output if item.type == "custom_tool_call"]
+    assert response.status == "completed" and len(calls) == 1, response.output
+    assert re.fullmatch(CODE_TOOL["format"]["definition"], calls[0].input), calls[0]
+    deltas = "".join(e.delta for e in events if e.type == "response.custom_tool_call_input.delta")
+    done = [e.input for e in events if e.type == "response.custom_tool_call_input.done"]
+    assert deltas == calls[0].input and done == [calls[0].input]
+
+
+def test_a_custom_tool_call_and_its_output_go_back_into_the_conversation(tiny_stack: Stack) -> None:
+    client = tiny_stack.client()
+    first = client.responses.create(
+        model=TINY,
+        input="Code?",
+        temperature=0,
+        tools=[CODE_TOOL],
+        tool_choice={"type": "custom", "name": "code"},  # type: ignore[list-item]
+        max_output_tokens=80,
+    )
+    call = next(item for item in first.output if item.type == "custom_tool_call")
+    history: list[Any] = [
+        {"role": "user", "content": "Code?"},
+        call.model_dump(exclude_none=True),
+        {"type": "custom_tool_call_output", "call_id": call.call_id, "output": "accepted"},
+    ]
+    second = client.responses.create(model=TINY, input=history, tools=[CODE_TOOL], max_output_tokens=8)  # type: ignore[list-item]
+    assert second.status in ("completed", "incomplete")
+    listed = list(client.responses.input_items.list(second.id, order="asc"))
+    assert [item.type for item in listed] == ["message", "custom_tool_call", "custom_tool_call_output"]
+    # previous_response_id carries the custom call along too.
+    third = client.responses.create(
+        model=TINY,
+        previous_response_id=first.id,
+        tools=[CODE_TOOL],
+        max_output_tokens=8,  # type: ignore[list-item]
+        input=[{"type": "custom_tool_call_output", "call_id": call.call_id, "output": "accepted"}],
+    )
+    assert third.status in ("completed", "incomplete")
+
+
+@pytest.mark.parametrize(
+    ("format_", "param", "code"),
+    [
+        (
+            {"type": "grammar", "syntax": "regex", "definition": "(unclosed"},
+            "tools[0].format.definition",
+            "invalid_value",
+        ),
+        (
+            {"type": "grammar", "syntax": "lark", "definition": "start: /a+/"},
+            "tools[0].format.syntax",
+            "unsupported_parameter",
+        ),
+    ],
+)
+def test_a_custom_tool_grammar_that_cannot_constrain_is_a_400(
+    tiny_stack: Stack, format_: dict[str, Any], param: str, code: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        tiny_stack.client().responses.create(
+            model=TINY,
+            input="Hi",
+            tools=[{**CODE_TOOL, "format": format_}],  # type: ignore[list-item]
+        )
+    body = caught.value.body
+    assert isinstance(body, dict) and body["param"] == param and body["code"] == code, body

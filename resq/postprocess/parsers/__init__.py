@@ -85,7 +85,12 @@ def make_parser(options: ProcessingOptions) -> ParserChain:
     if options.reasoning_parser is not None:
         reasoning = ReasoningParser(starts_in_reasoning=_STARTS_IN_REASONING[options.reasoning_parser])
     tools = HermesToolParser() if options.tool_parser is not None and options.tools_enabled else None
-    return ParserChain(reasoning, tools, max_calls=options.max_function_calls if tools else None)
+    return ParserChain(
+        reasoning,
+        tools,
+        max_calls=options.max_function_calls if tools else None,
+        custom_tools=frozenset(options.custom_tools),
+    )
 
 
 def call_end_tag(tool_parser: str) -> str:

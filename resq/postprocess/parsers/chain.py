@@ -14,15 +14,29 @@ it returns one segment per contiguous slice.
 
 With a call limit (``parallel_tool_calls: false``) the answer ends with the last
 call allowed: everything after it is dropped, as if generation had stopped there.
+
+A call of a custom tool (``custom_tools``) becomes a :class:`CustomToolCallSegment`:
+the chat template showed the tool as a function with one string parameter, so its
+input is the ``input`` argument; arguments without a string ``input`` (the model wrote
+something else) are the input as the JSON text they are.
 """
 
 from __future__ import annotations
 
+import json
 from collections import deque
 
+from resq.conversation import CUSTOM_INPUT
 from resq.postprocess.parsers.hermes import HermesToolParser
 from resq.postprocess.parsers.reasoning import ReasoningParser, Span
-from resq.postprocess.segments import Segment, TextSegment, ToolCallSegment
+from resq.postprocess.segments import CustomToolCallSegment, Segment, TextSegment, ToolCallSegment
+
+
+def custom_call(call: ToolCallSegment) -> CustomToolCallSegment:
+    """``call`` (of a custom tool) with its text as the input."""
+    arguments = json.loads(call.arguments)  # the tool parser only emits valid JSON objects
+    text = arguments.get(CUSTOM_INPUT)
+    return CustomToolCallSegment(call.name, text if isinstance(text, str) else call.arguments)
 
 
 class ParserChain:
@@ -33,10 +47,12 @@ class ParserChain:
         reasoning: ReasoningParser | None = None,
         tools: HermesToolParser | None = None,
         max_calls: int | None = None,
+        custom_tools: frozenset[str] = frozenset(),
     ) -> None:
         self.reasoning = reasoning
         self.tools = tools
         self.max_calls = max_calls
+        self.custom_tools = custom_tools
         self._fed = 0
         """Characters of output fed so far."""
         self._answer_fed = 0
@@ -96,6 +112,8 @@ class ParserChain:
         for segment in segments:
             if isinstance(segment, TextSegment):
                 out += self._place(segment)
+            elif isinstance(segment, ToolCallSegment) and segment.name in self.custom_tools:
+                out.append(custom_call(segment))
             else:
                 out.append(segment)
         return out
@@ -130,6 +148,6 @@ class ParserChain:
             if self._calls >= self.max_calls:
                 break
             out.append(segment)
-            if isinstance(segment, ToolCallSegment):
+            if isinstance(segment, ToolCallSegment | CustomToolCallSegment):
                 self._calls += 1
         return out

@@ -1,0 +1,152 @@
+"""Custom tools: how they are offered, constrained, parsed, streamed and rendered back."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from openai.types.responses import ResponseStreamEvent
+from pydantic import TypeAdapter, ValidationError
+
+from api.errors import OpenAIError, validation_error_to_openai
+from api.generation_plan import plan_tools
+from api.schemas import CreateResponseRequest
+from resq.conversation import items_to_messages
+from resq.events.assembler import OutputAssembler
+from resq.options import ProcessingOptions
+from resq.postprocess.parsers import make_parser
+from resq.postprocess.segments import CustomToolCallSegment, ToolCallSegment
+
+PATCH = {"type": "custom", "name": "apply_patch", "description": "Apply a patch."}
+CODE = {
+    "type": "custom",
+    "name": "code",
+    "format": {"type": "grammar", "syntax": "regex", "definition": "[A-Z]{3}"},
+}
+WEATHER = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}
+EVENT = TypeAdapter(ResponseStreamEvent)
+
+
+def request(**fields: Any) -> CreateResponseRequest:
+    return CreateResponseRequest.model_validate({"model": "tiny", "input": "hi", **fields})
+
+
+def call_markup(name: str, arguments: dict[str, Any]) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+def test_a_custom_tool_is_offered_as_a_function_with_one_text_parameter() -> None:
+    plan = plan_tools(request(tools=[PATCH]), "hermes", None)
+    assert plan.template_tools == [
+        {
+            "type": "function",
+            "function": {
+                "name": "apply_patch",
+                "description": "Apply a patch.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"input": {"type": "string"}},
+                    "required": ["input"],
+                },
+            },
+        }
+    ]
+    assert plan.custom_tools == ("apply_patch",) and plan.calls is None  # text format: unconstrained
+
+
+def test_a_regex_custom_tool_constrains_the_whole_input() -> None:
+    plan = plan_tools(
+        request(tools=[CODE, WEATHER], tool_choice={"type": "custom", "name": "code"}), "hermes", None
+    )
+    assert plan.calls is not None and plan.calls.required and plan.forced_prefix == ""
+    (function,) = plan.calls.functions
+    assert function.name == "code"
+    assert function.arguments_schema["properties"]["input"] == {"type": "string", "pattern": "^(?:[A-Z]{3})$"}
+
+
+def test_a_forced_text_custom_tool_is_prefilled_like_a_function() -> None:
+    plan = plan_tools(
+        request(tools=[PATCH, WEATHER], tool_choice={"type": "custom", "name": "apply_patch"}), "hermes", None
+    )
+    assert plan.calls is None and plan.forced_prefix.startswith('<tool_call>\n{"name": "apply_patch"')
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tools": [WEATHER], "tool_choice": {"type": "custom", "name": "get_weather"}}, "tool_choice"),
+        ({"tools": [PATCH, {**WEATHER, "name": "apply_patch"}]}, "tools"),
+    ],
+)
+def test_a_choice_or_name_that_cannot_be_honoured_is_a_400(fields: dict[str, Any], param: str) -> None:
+    with pytest.raises(OpenAIError) as caught:
+        plan_tools(request(**fields), "hermes", None)
+    assert caught.value.body()["error"]["param"] == param
+
+
+def test_a_lark_grammar_is_refused_naming_the_field() -> None:
+    lark = {**CODE, "format": {"type": "grammar", "syntax": "lark", "definition": "start: /a+/"}}
+    with pytest.raises(ValidationError) as caught:
+        request(tools=[lark])
+    error = validation_error_to_openai(caught.value.errors()).body()["error"]
+    assert error["code"] == "unsupported_parameter" and error["param"] == "tools[0].format.syntax"
+
+
+def test_the_parser_turns_a_custom_call_into_its_input() -> None:
+    options = ProcessingOptions(
+        model="m", tool_parser="hermes", tools_enabled=True, custom_tools=("apply_patch",)
+    )
+    parser = make_parser(options)
+    text = call_markup("apply_patch", {"input": 'line 1\nline "2"'}) + "\n" + call_markup("get_weather", {})
+    segments = parser.feed(text) + parser.finish()
+    assert segments == [
+        CustomToolCallSegment("apply_patch", 'line 1\nline "2"'),
+        ToolCallSegment("get_weather", "{}"),
+    ]
+
+
+def test_arguments_without_a_text_input_are_the_input_as_written() -> None:
+    parser = make_parser(
+        ProcessingOptions(model="m", tool_parser="hermes", tools_enabled=True, custom_tools=("x",))
+    )
+    assert parser.feed(call_markup("x", {"patch": 1})) + parser.finish() == [
+        CustomToolCallSegment("x", '{"patch": 1}')
+    ]
+
+
+def test_a_custom_call_streams_as_the_sdk_expects() -> None:
+    assembler = OutputAssembler("resp_" + "0" * 32)
+    events = assembler.add(CustomToolCallSegment("apply_patch", "*** Begin Patch"))
+    assert [event["type"] for event in events] == [
+        "response.output_item.added",
+        "response.custom_tool_call_input.delta",
+        "response.custom_tool_call_input.done",
+        "response.output_item.done",
+    ]
+    for number, event in enumerate(events):
+        EVENT.validate_python({**event, "sequence_number": number})
+    (item,) = assembler.items
+    assert item["type"] == "custom_tool_call" and item["input"] == "*** Begin Patch"
+    assert item["id"].startswith("ctc_") and item["call_id"].startswith("call_")
+
+
+def test_custom_calls_and_their_outputs_render_back_as_tool_calls() -> None:
+    items = [
+        {"type": "message", "role": "user", "content": "Fix it."},
+        {"type": "custom_tool_call", "call_id": "call_1", "name": "apply_patch", "input": "*** Begin Patch"},
+        {"type": "custom_tool_call_output", "call_id": "call_1", "output": "Done."},
+    ]
+    messages = items_to_messages(items)
+    assert messages[1] == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "type": "function",
+                "id": "call_1",
+                "function": {"name": "apply_patch", "arguments": {"input": "*** Begin Patch"}},
+            }
+        ],
+    }
+    assert messages[2] == {"role": "tool", "content": "Done.", "tool_call_id": "call_1"}
