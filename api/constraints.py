@@ -10,36 +10,48 @@ takes milliseconds to a second.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from functools import partial
+
+from llguidance import LLMatcher
 
 from api.errors import OpenAIError, invalid_value
 from api.generation_plan import GenerationPlan, answer_schema, custom_input_schema
 from api.schemas import CreateResponseRequest, CustomTool, FunctionTool
 from resq.catalog import TextTokenizer
-from resq.grammars import GrammarError, build_grammar, check_grammar, check_schema
+from resq.grammars import GrammarError, build_grammar, check_grammar, schema_grammar
 
 
-def _schemas(request: CreateResponseRequest) -> Iterator[tuple[dict[str, Any], str, str, str]]:
-    """Each schema the grammar inlines: (schema, its param, how a message names it, the error code)."""
+def _parts(request: CreateResponseRequest) -> Iterator[tuple[Callable[[], str], str, str, str]]:
+    """Each part of the grammar a request brings: (its grammar, its param, how a message names it, the code)."""
     schema = answer_schema(request)
     if schema is not None and request.text is not None:
         name = getattr(request.text.format, "name", None)
         what = f"Invalid schema for response_format '{name}'" if name else "Invalid schema for text.format"
-        yield schema, "text.format.schema", what, "invalid_json_schema"
+        yield partial(schema_grammar, schema), "text.format.schema", what, "invalid_json_schema"
     for index, tool in enumerate(request.tools or []):
         if isinstance(tool, FunctionTool) and tool.strict and tool.parameters is not None:
             what = f"Invalid schema for function '{tool.name}'"
-            yield tool.parameters, f"tools[{index}].parameters", what, "invalid_json_schema"
-        elif isinstance(tool, CustomTool) and tool.regex is not None:
-            what = f"Invalid regex for custom tool '{tool.name}'"
-            yield custom_input_schema(tool), f"tools[{index}].format.definition", what, "invalid_value"
+            yield (
+                partial(schema_grammar, tool.parameters),
+                f"tools[{index}].parameters",
+                what,
+                "invalid_json_schema",
+            )
+        elif isinstance(tool, CustomTool) and (tool.regex is not None or tool.lark is not None):
+            part = (
+                partial(schema_grammar, custom_input_schema(tool))
+                if tool.regex is not None
+                else partial(LLMatcher.grammar_from_lark, tool.lark or "")
+            )
+            what = f"Invalid grammar for custom tool '{tool.name}'"
+            yield part, f"tools[{index}].format.definition", what, "invalid_value"
 
 
 def _culprit(request: CreateResponseRequest, tokenizer: TextTokenizer) -> OpenAIError | None:
-    for schema, param, what, code in _schemas(request):
+    for grammar, param, what, code in _parts(request):
         try:
-            check_schema(schema, tokenizer.grammar_tokenizer)
+            check_grammar(grammar(), tokenizer.grammar_tokenizer)
         except GrammarError as exc:
             return invalid_value(f"{what}: {exc}", param, code)
     return None

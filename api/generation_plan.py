@@ -17,7 +17,9 @@ Every option is either enforced or refused with a 400 naming it; none is ignored
   as output); ``auto`` leaves the answer free.
 - ``custom`` tools reach the template as functions with one string parameter, ``input``;
   their calls come back as ``custom_tool_call`` items. A ``regex`` grammar constrains the
-  input (a grammar like a strict function's); ``{"type": "custom", "name"}`` forces one.
+  input (a grammar like a strict function's); a ``lark`` grammar makes the call use the
+  raw-input form (the input as it is, not a JSON string: :mod:`resq.grammars`), which the
+  grammar then constrains; ``{"type": "custom", "name"}`` forces one.
 - ``text.format`` ``json_schema`` / ``json_object``: the message text is constrained to
   the schema (to any JSON object), after reasoning runs free.
 - ``parallel_tool_calls: false``: the answer ends after its first call; where the
@@ -46,7 +48,7 @@ from api.schemas import (
 )
 from resq.catalog import ModelCard
 from resq.conversation import CUSTOM_INPUT
-from resq.grammars import ANY_OBJECT, AnswerShape, CallableFunction, CallsShape
+from resq.grammars import ANY_OBJECT, AnswerShape, CallableFunction, CallsShape, RawInputTool
 from resq.postprocess.parsers import call_end_tag, call_envelope, forced_call_prefix, reasoning_markup
 
 NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
@@ -72,6 +74,8 @@ class GenerationPlan:
     logprobs: bool = False
     custom_tools: tuple[str, ...] = ()
     """Names of the offered custom tools: their calls come back as ``custom_tool_call`` items."""
+    raw_input_tools: tuple[str, ...] = ()
+    """The custom tools with a Lark grammar, called in the raw-input form."""
     calls: CallsShape | None = None
     """The calls a grammar must allow (some function is strict); None: calls are not constrained."""
     answer_shape: AnswerShape | None = None
@@ -137,8 +141,10 @@ def _forced_function(request: CreateResponseRequest, functions: list[OfferedTool
 
 
 def _constrains(tool: OfferedTool) -> bool:
-    """Whether the tool's calls must be constrained: a strict function, or a custom tool with a regex."""
-    return bool(tool.strict) if isinstance(tool, FunctionTool) else tool.regex is not None
+    """Whether the tool's calls must be constrained: a strict function, or a custom tool with a grammar."""
+    if isinstance(tool, FunctionTool):
+        return bool(tool.strict)
+    return tool.regex is not None or tool.lark is not None
 
 
 def _callable(tool: OfferedTool) -> CallableFunction:
@@ -166,11 +172,15 @@ def _constrained_calls(
         forced = _forced_function(request, functions)
         if isinstance(request.tool_choice, FunctionToolChoice | CustomToolChoice) and forced is not None:
             offered = [tool for tool in functions if tool.name == forced]
+    raw_input = [tool for tool in offered if isinstance(tool, CustomTool) and tool.lark is not None]
     return CallsShape(
         envelope=call_envelope(tool_parser),
-        functions=tuple(_callable(tool) for tool in offered),
+        functions=tuple(_callable(tool) for tool in offered if tool not in raw_input),
         required=forcing,
         single=request.parallel_tool_calls is False,
+        raw_input_tools=tuple(
+            RawInputTool(tool.name, tool.lark) for tool in raw_input if tool.lark is not None
+        ),
     )
 
 
@@ -217,6 +227,7 @@ def plan_tools(
         max_calls=1 if single_call else None,
         calls=calls,
         custom_tools=tuple(tool.name for tool in functions if isinstance(tool, CustomTool)),
+        raw_input_tools=tuple(call.name for call in calls.raw_input_tools) if calls is not None else (),
     )
 
 

@@ -337,27 +337,11 @@ class CustomTextFormat(_Strict):
 
 
 class CustomGrammarFormat(_Strict):
-    """``{"type": "grammar", "syntax": "regex", "definition"}``: the input matches the regex.
-
-    The input travels inside the tool parser's JSON envelope (a JSON string), where a
-    regular expression can constrain it and a context-free Lark grammar cannot: ``lark``
-    is refused.
-    """
+    """``{"type": "grammar", "syntax": "lark" | "regex", "definition"}``: the input follows the grammar."""
 
     type: Literal["grammar"]
     syntax: Literal["lark", "regex"]
     definition: str = Field(min_length=1)
-
-    @field_validator("syntax")
-    @classmethod
-    def _regex_only(cls, value: str) -> str:
-        if value == "lark":
-            raise unsupported(
-                "Custom tools with a Lark grammar (a call's input is a JSON string in the tool "
-                "parser's envelope, which a regex can constrain and a Lark grammar cannot; use "
-                "syntax 'regex')"
-            )
-        return value
 
 
 class CustomTool(_ToolBase):
@@ -372,8 +356,15 @@ class CustomTool(_ToolBase):
 
     @property
     def regex(self) -> str | None:
-        """The regex the input must match, if the format has one."""
-        return self.format.definition if isinstance(self.format, CustomGrammarFormat) else None
+        """The regex the input must match, if the format is one."""
+        grammar = self.format if isinstance(self.format, CustomGrammarFormat) else None
+        return grammar.definition if grammar is not None and grammar.syntax == "regex" else None
+
+    @property
+    def lark(self) -> str | None:
+        """The Lark grammar the input must follow, if the format is one."""
+        grammar = self.format if isinstance(self.format, CustomGrammarFormat) else None
+        return grammar.definition if grammar is not None and grammar.syntax == "lark" else None
 
 
 def _tool_tag(value: Any) -> str:

@@ -217,6 +217,7 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
         tool_parser=settings.tool_parser,
         tools_enabled=plan.tools_enabled,
         custom_tools=plan.custom_tools,
+        raw_input_tools=plan.raw_input_tools,
         max_function_calls=plan.max_calls,
         forced_prefix_ids=tuple(forced_ids),
         logprobs=plan.logprobs,

@@ -19,7 +19,11 @@ The grammar covers the whole answer, in the chat format the parsers read:
 - **The answer** is the ``text.format`` JSON, or free text, or tool calls in the
   tool parser's envelope (hermes: ``<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>``),
   whose ``name`` is one of the offered functions and whose ``arguments`` follow that
-  function's ``parameters`` when it is strict (any JSON object otherwise).
+  function's ``parameters`` when it is strict (any JSON object otherwise). A tool whose
+  input follows a Lark grammar (a custom tool) is called in the raw-input form instead,
+  ``<tool_call>\\n{"name": ...}\\n`` + the input as it is + ``\\n</tool_call>``: JSON
+  could only carry the input as an escaped string, which a context-free grammar cannot
+  constrain. Its grammar is a grammar of its own, referenced by name (``@tool_0``).
 - **It ends.** Once the grammar has nothing left to accept, the only token allowed
   is the model's end token, so generation stops (``finish_reason: stop``).
 
@@ -81,6 +85,14 @@ class CallableFunction:
 
 
 @dataclass(frozen=True)
+class RawInputTool:
+    """A tool called with raw input that must follow a Lark grammar (the raw-input form)."""
+
+    name: str
+    lark_grammar: str
+
+
+@dataclass(frozen=True)
 class CallsShape:
     """The calls an answer may (or must) make."""
 
@@ -90,6 +102,8 @@ class CallsShape:
     """The answer is calls only (``tool_choice`` required or a named function)."""
     single: bool
     """At most one call (``parallel_tool_calls: false``)."""
+    raw_input_tools: tuple[RawInputTool, ...] = ()
+    """Tools called in the raw-input form, their input following a Lark grammar."""
 
 
 @dataclass(frozen=True)
@@ -126,22 +140,49 @@ def _not_containing(text: str) -> str:
     return f"/(.|\\n)+/ & ~/(.|\\n)*{escaped}(.|\\n)*/"
 
 
-def _call_schema(shape: CallsShape) -> dict[str, Any]:
-    variants = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": function.name}, "arguments": function.arguments_schema},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        for function in shape.functions
+CALL_HEAD = '\n{"name": "'
+"""What follows the envelope's opening tag in both call forms, up to the name."""
+JSON_CALL_AFTER_NAME = '", "arguments": '
+"""A JSON call after its name: the arguments object follows, then ``}``."""
+RAW_CALL_AFTER_NAME = '"}\n'
+"""A raw-input call after its name: the input follows as it is, then the closing newline."""
+
+
+def _call_rules(shape: CallsShape, special_token_id: SpecialTokenId) -> list[str]:
+    """``call``: the envelope, then one alternative per tool, each starting with its name.
+
+    Spelling the name out per alternative (rather than one JSON schema over all calls)
+    lets raw-input calls and JSON calls share the opening ``{"name": "``: the name's
+    literal decides which form follows. Names cannot hold quotes (request validation).
+    """
+    opening = tag_expression(shape.envelope.open_tag, special_token_id)
+    closing = tag_expression(shape.envelope.close_tag, special_token_id)
+    alternatives: list[str] = []
+    arguments: list[str] = []
+    for index, function in enumerate(shape.functions):
+        json_start = _literal(function.name + JSON_CALL_AFTER_NAME)
+        alternatives.append(f'{json_start} arguments_{index} "}}"')
+        arguments.append(f"arguments_{index}: %json {json.dumps(styled(function.arguments_schema))}")
+    for index, tool in enumerate(shape.raw_input_tools):
+        raw_start = _literal(tool.name + RAW_CALL_AFTER_NAME)
+        alternatives.append(f"{raw_start} @{raw_input_grammar_name(index)}")
+    return [
+        f'call: {opening} {_literal(CALL_HEAD)} call_tail "\\n" {closing}',
+        f"call_tail: {' | '.join(alternatives)}",
+        *arguments,
     ]
-    return variants[0] if len(variants) == 1 else {"anyOf": variants}
+
+
+def raw_input_grammar_name(index: int) -> str:
+    """The name the main grammar references the ``index``-th raw-input tool's grammar by."""
+    return f"tool_{index}"
 
 
 def build_grammar(shape: AnswerShape, special_token_id: SpecialTokenId) -> str | None:
     """The llguidance grammar of ``shape``; None when nothing constrains the answer."""
-    if shape.json_schema is None and (shape.calls is None or not shape.calls.functions):
+    calls = shape.calls
+    offered = calls is not None and bool(calls.functions or calls.raw_input_tools)
+    if shape.json_schema is None and not offered:
         return None
     rules = ["%llguidance {}"]
     start = "answer"
@@ -158,17 +199,12 @@ def build_grammar(shape: AnswerShape, special_token_id: SpecialTokenId) -> str |
             start = "think? answer"
         rules.append(f"THINK_TEXT: {_not_containing(markup.close_tag)}")
     alternatives: list[str] = []
-    calls = shape.calls
     if shape.json_schema is not None:
         rules.append(f"json_answer: %json {json.dumps(styled(shape.json_schema))}")
         alternatives.append("json_answer")
-    if calls is not None and calls.functions:
+    if calls is not None and offered:
         envelope = calls.envelope
-        rules.append(
-            f'call: {tag_expression(envelope.open_tag, special_token_id)} "\\n" call_body "\\n" '
-            f"{tag_expression(envelope.close_tag, special_token_id)}"
-        )
-        rules.append(f"call_body: %json {json.dumps(styled(_call_schema(calls)))}")
+        rules += _call_rules(calls, special_token_id)
         rules.append("calls: call" if calls.single else 'calls: call ("\\n"? call)*')
         if calls.required:
             alternatives = ["calls"]
@@ -180,7 +216,10 @@ def build_grammar(shape: AnswerShape, special_token_id: SpecialTokenId) -> str |
             start += "?"  # free text may be empty
     rules.insert(1, f"start: {start}")
     rules.append(f"answer: {' | '.join(alternatives)}")
-    grammar = "\n".join(rules) + "\n"
+    grammars: list[dict[str, str]] = [{"lark_grammar": "\n".join(rules) + "\n"}]
+    for index, tool in enumerate(calls.raw_input_tools if calls is not None else ()):
+        grammars.append({"name": raw_input_grammar_name(index), "lark_grammar": tool.lark_grammar})
+    grammar = json.dumps({"grammars": grammars})
     if len(grammar) > MAX_GRAMMAR_CHARS:
         raise GrammarError(
             f"The schemas of this request make a grammar of {len(grammar)} characters; "
@@ -189,15 +228,14 @@ def build_grammar(shape: AnswerShape, special_token_id: SpecialTokenId) -> str |
     return grammar
 
 
-def check_schema(schema: dict[str, Any], tokenizer: LLTokenizer | None = None) -> None:
-    """Raise :class:`GrammarError` when llguidance cannot constrain output to ``schema``."""
+def schema_grammar(schema: dict[str, Any]) -> str:
+    """The grammar of output that follows ``schema`` (resq's JSON layout)."""
     if len(json.dumps(schema)) > MAX_GRAMMAR_CHARS:
         raise GrammarError(f"The schema is larger than {MAX_GRAMMAR_CHARS} characters.")
     try:
-        grammar = LLMatcher.grammar_from_json_schema(styled(schema))
+        return LLMatcher.grammar_from_json_schema(styled(schema))
     except ValueError as exc:
         raise GrammarError(f"The schema is not a valid JSON object: {exc}") from exc
-    check_grammar(grammar, tokenizer)
 
 
 def check_grammar(grammar: str, tokenizer: LLTokenizer | None = None) -> None:

@@ -26,6 +26,8 @@ class ProcessingOptions(BaseModel):
     """False when the request offers no tools or says ``tool_choice: "none"``: markup stays text."""
     custom_tools: tuple[str, ...] = ()
     """Names of custom tools: their calls become ``custom_tool_call`` items (the ``input`` argument)."""
+    raw_input_tools: tuple[str, ...] = ()
+    """Custom tools with a Lark grammar: called in the raw-input form (the input as it is)."""
     max_function_calls: int | None = None
     """At most this many calls (1 for ``parallel_tool_calls: false``); the answer ends after the last."""
     forced_prefix_ids: tuple[int, ...] = ()

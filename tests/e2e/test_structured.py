@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
+import lark
 import openai
 import pytest
 import redis
@@ -310,26 +311,33 @@ CODE_TOOL: dict[str, Any] = {
 }
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_random_weights_write_regex_custom_tool_inputs(tiny_stack: Stack, temperature: float) -> None:
-    client = tiny_stack.client()
-    with client.responses.stream(
+def forced_custom_call(stack: Stack, tools: list[Any], name: str, temperature: float) -> Any:
+    """Stream one forced call of the custom tool ``name``; the call, once its events add up to it."""
+    with stack.client().responses.stream(
         model=TINY,
-        input="Code?",
+        input="Go.",
         temperature=temperature,
-        tools=[CODE_TOOL],  # type: ignore[list-item]
-        tool_choice={"type": "custom", "name": "code"},
+        tools=tools,
+        tool_choice={"type": "custom", "name": name},
         parallel_tool_calls=False,
-        max_output_tokens=80,
+        max_output_tokens=200,
     ) as stream:
         events = list(stream)
         response = stream.get_final_response()
     calls = [item for item in response.output if item.type == "custom_tool_call"]
     assert response.status == "completed" and len(calls) == 1, response.output
-    assert re.fullmatch(CODE_TOOL["format"]["definition"], calls[0].input), calls[0]
+    (call,) = calls
+    assert call.name == name
     deltas = "".join(e.delta for e in events if e.type == "response.custom_tool_call_input.delta")
     done = [e.input for e in events if e.type == "response.custom_tool_call_input.done"]
-    assert deltas == calls[0].input and done == [calls[0].input]
+    assert deltas == call.input and done == [call.input]
+    return call
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_random_weights_write_regex_custom_tool_inputs(tiny_stack: Stack, temperature: float) -> None:
+    call = forced_custom_call(tiny_stack, [CODE_TOOL], "code", temperature)
+    assert re.fullmatch(CODE_TOOL["format"]["definition"], call.input), call
 
 
 def test_a_custom_tool_call_and_its_output_go_back_into_the_conversation(tiny_stack: Stack) -> None:
@@ -372,9 +380,9 @@ def test_a_custom_tool_call_and_its_output_go_back_into_the_conversation(tiny_st
             "invalid_value",
         ),
         (
-            {"type": "grammar", "syntax": "lark", "definition": "start: /a+/"},
-            "tools[0].format.syntax",
-            "unsupported_parameter",
+            {"type": "grammar", "syntax": "lark", "definition": "start: undefined_rule"},
+            "tools[0].format.definition",
+            "invalid_value",
         ),
     ],
 )
@@ -389,3 +397,56 @@ def test_a_custom_tool_grammar_that_cannot_constrain_is_a_400(
         )
     body = caught.value.body
     assert isinstance(body, dict) and body["param"] == param and body["code"] == code, body
+
+
+PATCH_GRAMMAR = r"""
+start: begin hunk~1..2 end
+begin: "*** Begin Patch\n"
+end: "*** End Patch"
+hunk: "*** Add File: " FILENAME "\n" line~1..3
+line: "+" LINE "\n"
+FILENAME: /[a-z]{1,8}\.txt/
+LINE: /[a-z ]{1,12}/
+"""
+"""A bounded cousin of Codex's apply_patch grammar (every input ends well within the budget)."""
+PATCH_TOOL: dict[str, Any] = {
+    "type": "custom",
+    "name": "apply_patch",
+    "description": "Apply a patch.",
+    "format": {"type": "grammar", "syntax": "lark", "definition": PATCH_GRAMMAR},
+}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_random_weights_write_lark_custom_tool_inputs(tiny_stack: Stack, temperature: float) -> None:
+    tools: list[Any] = [
+        PATCH_TOOL,
+        {"type": "function", "name": "get_weather", "parameters": WEATHER_PARAMETERS, "strict": True},
+    ]
+    call = forced_custom_call(tiny_stack, tools, "apply_patch", temperature)
+    lark.Lark(PATCH_GRAMMAR).parse(call.input)  # raises if the input does not follow the grammar
+
+
+def test_whichever_tool_random_weights_pick_among_lark_and_json_tools_its_call_is_valid(
+    tiny_stack: Stack,
+) -> None:
+    client = tiny_stack.client()
+    tools: list[Any] = [
+        PATCH_TOOL,
+        {"type": "function", "name": "get_weather", "parameters": WEATHER_PARAMETERS, "strict": True},
+    ]
+    for attempt in range(6):
+        response = client.responses.create(
+            model=TINY,
+            input=f"Do something {attempt}.",
+            temperature=1.0,
+            tools=tools,
+            tool_choice="required",
+            parallel_tool_calls=False,
+            max_output_tokens=200,
+        )
+        (call,) = [item for item in response.output if item.type in ("custom_tool_call", "function_call")]
+        if call.type == "custom_tool_call":
+            lark.Lark(PATCH_GRAMMAR).parse(call.input)
+        else:
+            assert follows(call.arguments, WEATHER_PARAMETERS), call

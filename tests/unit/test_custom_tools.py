@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 from openai.types.responses import ResponseStreamEvent
-from pydantic import TypeAdapter, ValidationError
+from pydantic import TypeAdapter
 
-from api.errors import OpenAIError, validation_error_to_openai
+from api.errors import OpenAIError
 from api.generation_plan import plan_tools
 from api.schemas import CreateResponseRequest
 from resq.conversation import items_to_messages
@@ -85,12 +85,37 @@ def test_a_choice_or_name_that_cannot_be_honoured_is_a_400(fields: dict[str, Any
     assert caught.value.body()["error"]["param"] == param
 
 
-def test_a_lark_grammar_is_refused_naming_the_field() -> None:
+def test_a_lark_custom_tool_is_called_with_raw_input() -> None:
     lark = {**CODE, "format": {"type": "grammar", "syntax": "lark", "definition": "start: /a+/"}}
-    with pytest.raises(ValidationError) as caught:
-        request(tools=[lark])
-    error = validation_error_to_openai(caught.value.errors()).body()["error"]
-    assert error["code"] == "unsupported_parameter" and error["param"] == "tools[0].format.syntax"
+    plan = plan_tools(request(tools=[lark, WEATHER]), "hermes", None)
+    assert plan.calls is not None and plan.raw_input_tools == ("code",)
+    assert [tool.name for tool in plan.calls.raw_input_tools] == ["code"]
+    assert [function.name for function in plan.calls.functions] == ["get_weather"]
+
+
+def test_the_parser_reads_the_raw_input_form() -> None:
+    options = ProcessingOptions(
+        model="m",
+        tool_parser="hermes",
+        tools_enabled=True,
+        custom_tools=("apply_patch",),
+        raw_input_tools=("apply_patch",),
+    )
+    parser = make_parser(options)
+    patch = '*** Begin Patch\n+ "quoted" {braces}\n*** End Patch'
+    text = '<tool_call>\n{"name": "apply_patch"}\n' + patch + "\n</tool_call>"
+    segments = [segment for chunk in text for segment in parser.feed(chunk)] + parser.finish()
+    assert segments == [CustomToolCallSegment("apply_patch", patch)]
+
+
+def test_the_raw_input_form_is_text_for_other_names() -> None:
+    options = ProcessingOptions(
+        model="m", tool_parser="hermes", tools_enabled=True, raw_input_tools=("apply_patch",)
+    )
+    parser = make_parser(options)
+    text = '<tool_call>\n{"name": "other"}\nraw\n</tool_call>'
+    segments = parser.feed(text) + parser.finish()
+    assert "".join(getattr(segment, "text", "") for segment in segments) == text
 
 
 def test_the_parser_turns_a_custom_call_into_its_input() -> None:

@@ -84,7 +84,9 @@ def make_parser(options: ProcessingOptions) -> ParserChain:
     reasoning = None
     if options.reasoning_parser is not None:
         reasoning = ReasoningParser(starts_in_reasoning=_STARTS_IN_REASONING[options.reasoning_parser])
-    tools = HermesToolParser() if options.tool_parser is not None and options.tools_enabled else None
+    tools = None
+    if options.tool_parser is not None and options.tools_enabled:
+        tools = HermesToolParser(raw_input_tools=frozenset(options.raw_input_tools))
     return ParserChain(
         reasoning,
         tools,

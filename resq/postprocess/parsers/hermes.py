@@ -14,6 +14,13 @@ Nothing that is not a valid call is lost or invented:
 - a block still open when the output ends (cut off) is released the same way;
 - a stray ``</tool_call>`` outside a block is plain text too.
 
+Raw-input calls: a tool whose input follows a Lark grammar (a custom tool) is called
+as ``<tool_call>\\n{"name": ...}\\n`` + the input as it is + ``\\n</tool_call>`` (the JSON
+form could only carry it as an escaped string). For the names in ``raw_input_tools``, a
+block whose first line is ``{"name": <that name>}`` alone becomes a
+:class:`CustomToolCallSegment` whose input is the rest of the block, less the newline
+before the closing tag. Such an input cannot itself contain ``</tool_call>``.
+
 Whitespace: a run of text between two calls, or between a call and the start or
 end of the output, that is whitespace only (the ``"\\n"`` between two calls) is
 dropped, so it never opens an empty message. Any run with a visible character is
@@ -30,7 +37,7 @@ import json
 from typing import Any
 
 from resq.postprocess.parsers.markup import partial_tag_length
-from resq.postprocess.segments import Segment, TextSegment, ToolCallSegment
+from resq.postprocess.segments import CustomToolCallSegment, Segment, TextSegment, ToolCallSegment
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
@@ -39,7 +46,8 @@ CALL_CLOSE = "</tool_call>"
 class HermesToolParser:
     """Finds ``<tool_call>`` blocks in answer text of any chunking."""
 
-    def __init__(self) -> None:
+    def __init__(self, raw_input_tools: frozenset[str] = frozenset()) -> None:
+        self._raw_input_tools = raw_input_tools
         self._buffer = ""
         self._offset = 0
         """Where the buffer starts in the text fed so far (text segments say where they come from)."""
@@ -113,7 +121,9 @@ class HermesToolParser:
         return True
 
     def _close_block(self, out: list[Segment], body: str) -> None:
-        call = parse_call(body)
+        call: Segment | None = parse_call(body)
+        if call is None and self._raw_input_tools:
+            call = parse_raw_input_call(body, self._raw_input_tools)
         if call is None:
             self._text(out, CALL_OPEN + body + CALL_CLOSE, self._open_at)
             return
@@ -183,3 +193,17 @@ def parse_call(body: str) -> ToolCallSegment | None:
     if not isinstance(name, str) or not name or not isinstance(arguments, dict):
         return None
     return ToolCallSegment(name, json.dumps(arguments, ensure_ascii=False))
+
+
+def parse_raw_input_call(body: str, names: frozenset[str]) -> CustomToolCallSegment | None:
+    """The raw-input call a block's body describes (a name in ``names``), or None."""
+    header, newline, text = body.removeprefix("\n").partition("\n")
+    if not newline:
+        return None
+    try:
+        obj = _loads(header)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict) or set(obj) != {"name"} or obj["name"] not in names:
+        return None
+    return CustomToolCallSegment(obj["name"], text.removesuffix("\n"))
