@@ -21,9 +21,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy
 import torch
 from llguidance import LLExecutor, LLMatcher, LLTokenizer
 
@@ -32,6 +34,8 @@ from gpu_worker import metrics
 log = logging.getLogger(__name__)
 
 _BITS = 32
+COMPILED_GRAMMARS_KEPT = 64
+"""How many distinct grammars stay compiled (an agent's schema repeats on every turn)."""
 
 
 class GrammarRefusedError(ValueError):
@@ -58,12 +62,15 @@ class GrammarConstraints:
         self._tokenizer = LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos_token_ids or None)
         self.vocab_size = vocab_size
         self._eos_token_ids = [token for token in eos_token_ids if token < vocab_size]
+        self._eos_tokens = numpy.asarray(self._eos_token_ids, dtype=numpy.int64)
+        self._compiled: OrderedDict[str, LLMatcher] = OrderedDict()
+        """Recently used grammars, compiled once: a request's matcher is a copy (about 1 us, not
+        a compile of a millisecond or more), and copies share llguidance's lexer caches."""
         self._words = (vocab_size + _BITS - 1) // _BITS
         self._executor = LLExecutor()
         self._filler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="resq-masks")
         self._matchers: dict[str, LLMatcher] = {}
         self._lock = threading.Lock()
-        self._shifts = torch.arange(_BITS, dtype=torch.int32)
 
     def __len__(self) -> int:
         """How many requests are constrained now (a step checks this before anything else)."""
@@ -71,15 +78,28 @@ class GrammarConstraints:
 
     def add(self, request_id: str, grammar: str, replay: list[int]) -> None:
         """Constrain ``request_id`` by ``grammar``, after ``replay`` (tokens it already generated)."""
-        matcher = LLMatcher(self._tokenizer, grammar, log_level=0)
-        if matcher.is_error():
-            raise GrammarRefusedError(f"grammar does not compile: {matcher.get_error()}")
+        matcher = self._compile(grammar).deep_copy()
         if replay and not matcher.consume_tokens(replay):
             raise GrammarRefusedError(
                 f"the tokens already generated do not follow the grammar: {matcher.get_error()}"
             )
         with self._lock:
             self._matchers[request_id] = matcher
+
+    def _compile(self, grammar: str) -> LLMatcher:
+        with self._lock:
+            compiled = self._compiled.get(grammar)
+            if compiled is not None:
+                self._compiled.move_to_end(grammar)
+                return compiled
+        compiled = LLMatcher(self._tokenizer, grammar, log_level=0)
+        if compiled.is_error():
+            raise GrammarRefusedError(f"grammar does not compile: {compiled.get_error()}")
+        with self._lock:
+            self._compiled[grammar] = compiled
+            while len(self._compiled) > COMPILED_GRAMMARS_KEPT:
+                self._compiled.popitem(last=False)
+        return compiled
 
     def forget(self, request_id: str) -> None:
         """Drop the matcher of a request that ended (or never had one)."""
@@ -101,30 +121,31 @@ class GrammarConstraints:
         # Runs on the helper thread, all of it while the forward pass runs: the mask fill
         # (llguidance, GIL released) and unpacking its bits into one boolean per token.
         started = time.perf_counter()
-        bitmask = torch.zeros((len(matchers), self._words), dtype=torch.int32)
+        bitmask = numpy.zeros((len(matchers), self._words), dtype=numpy.int32)
         self._executor.unsafe_compute_mask_ptr(
             [(matcher, index) for index, matcher in enumerate(matchers)],
-            bitmask.data_ptr(),
+            bitmask.ctypes.data,
             self._words * 4,
             len(matchers),
         )
-        # The masks cover the model's vocabulary (the tokenizer was sized to it), rounded up to 32.
-        bits = (bitmask.unsqueeze(-1) >> self._shifts) & 1
-        allowed = bits.reshape(len(matchers), -1)[:, : self.vocab_size].bool()
+        # Bit t of little-endian word w is token 32 w + t: one unpack gives a byte per token. The
+        # masks cover the model's vocabulary (the tokenizer was sized to it), rounded up to 32.
+        allowed = numpy.unpackbits(bitmask.view(numpy.uint8), axis=1, bitorder="little")[:, : self.vocab_size]
         # A matcher in an error state allows nothing: let it end rather than sample from all -inf.
-        stuck = ~allowed.any(dim=-1)
-        if bool(stuck.any()) and self._eos_token_ids:
-            allowed[stuck.nonzero().squeeze(1).unsqueeze(1), torch.tensor(self._eos_token_ids)] = True
-        return ~allowed, time.perf_counter() - started
+        stuck = ~allowed.any(axis=1)
+        if stuck.any() and self._eos_token_ids:
+            allowed[numpy.flatnonzero(stuck)[:, None], self._eos_tokens] = 1
+        return torch.from_numpy(allowed == 0), time.perf_counter() - started
 
     def apply(self, constrained: ConstrainedRows, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` [rows, vocab] with every token a constrained row's grammar forbids at -inf (a copy)."""
         forbidden, elapsed = constrained.forbidden.result()
-        index = constrained.index
-        masked = logits.clone()
-        masked[index] = logits[index].masked_fill(
-            forbidden.to(logits.device, non_blocking=True), float("-inf")
-        )
+        forbidden = forbidden.to(logits.device, non_blocking=True)
+        if len(constrained.rows) == logits.shape[0]:  # every row constrained: one masking op
+            masked = logits.masked_fill(forbidden, float("-inf"))
+        else:
+            masked = logits.clone()
+            masked[constrained.index] = logits[constrained.index].masked_fill(forbidden, float("-inf"))
         metrics.GRAMMAR_MASK_SECONDS.observe(elapsed)
         return masked
 
