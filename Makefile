@@ -39,7 +39,7 @@ lint: install  ## ruff + mypy
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy resq api workers gpu_worker bench
 
-bench: install  ## Benchmarks B1-B4 against the baselines; writes docs/benchmarks.md and .png (~15 min)
+bench: install  ## Benchmarks B1-B5 against the baselines; writes docs/benchmarks.md and .png (~15 min)
 	$(BIN)/resq bench $(BENCH_ARGS)
 
 bench-structured: install  ## Structured (json_schema) vs plain throughput and TTFT, paired per round (~3 min)

@@ -109,7 +109,7 @@ def bench_command(
     wait_max: float,
     no_doc: bool,
 ) -> None:
-    """Benchmark resq against the direct engine, `transformers serve` and the relay floor (scenarios B1-B4)."""
+    """Benchmark resq against the direct engine, `transformers serve` and the relay floor (scenarios B1-B4), and structured outputs against plain streaming (B5)."""
     from bench.runner import BenchRun
 
     console = Console()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-SCENARIOS = ("B1", "B2", "B3", "B4")
+SCENARIOS = ("B1", "B2", "B3", "B4", "B5")
 MODELS = ("tiny", "bench")
 
 
@@ -29,6 +29,9 @@ class Plan:
     """Each B4 client repeats requests until the run streamed this many tokens (CPU clock resolution)."""
     b4_floor_interval_s: float = 0.002
     capacity_streams: int = 1000
+    b5_clients: int = 32
+    """B5: streaming clients of each kind (structured, plain) per round."""
+    b5_tokens: int = 128
 
     @property
     def quick(self) -> Plan:
@@ -43,6 +46,7 @@ class Plan:
             b4_tokens=64,
             b4_min_tokens=1024,
             capacity_streams=300,
+            b5_tokens=64,
         )
 
     def runs(self) -> int:
@@ -58,4 +62,6 @@ class Plan:
             total += 3 * self.rounds
         if "B4" in self.scenarios:
             total += 2 * len(self.b4_concurrencies) * self.rounds + 1
+        if "B5" in self.scenarios:
+            total += 2 * len(self.models) * self.rounds
         return total

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from bench.results import ResultSet
-from bench.stats import ratio
+from bench.stats import median, ratio
 
 TARGET_MODEL = "bench"
 """Targets of B1 and B2 are judged on the model whose step costs what a GPU step costs."""
@@ -208,6 +208,50 @@ def b4_table(results: ResultSet) -> Table:
     )
 
 
+def b5_ratios(results: ResultSet, model: str) -> list[float]:
+    """B5's structured / plain throughput of each round on ``model`` (both kinds ran back to back)."""
+    rates: dict[int, dict[str, float]] = {}
+    for record in results.records:
+        if record.scenario == "B5" and record.model == model:
+            rates.setdefault(record.round, {})[record.system] = record.metrics["tok_s"]
+    return [pair["structured"] / pair["plain"] for _, pair in sorted(rates.items()) if len(pair) == 2]
+
+
+def b5_ratio(results: ResultSet, model: str) -> float | None:
+    """The median of B5's per-round ratios on ``model``."""
+    ratios = b5_ratios(results, model)
+    return median(ratios) if ratios else None
+
+
+def b5_table(results: ResultSet) -> Table:
+    """B5: structured (json_schema) vs plain streaming, paired per round, and the mask cost."""
+    rows = []
+    for model in _models(results, "B5"):
+        clients = _concurrencies(results, "B5", model)[0]
+        ratios = b5_ratios(results, model)
+        mask = results.matching("B5mask", "structured", model)
+        cells = [
+            model,
+            str(clients),
+            ", ".join(f"{value:.2f}" for value in ratios),
+            fmt_ratio(b5_ratio(results, model)),
+        ]
+        for q in (50, 99):
+            cells += [
+                fmt(results.pooled("B5", kind, "ttft_ms", q, model, clients))
+                for kind in ("plain", "structured")
+            ]
+        cells.append(fmt(mask[0].metrics["us_per_token"]) if mask else "-")
+        rows.append(cells)
+    headers = [
+        "model", "clients", "structured / plain per round", "median",
+        "TTFT p50 plain", "structured", "TTFT p99 plain", "structured", "mask us / token",
+    ]  # fmt: skip
+    return Table(
+        "B5 structured outputs (json_schema vs plain, tok/s ratio paired per round; ms)", headers, rows
+    )
+
+
 def targets(results: ResultSet) -> list[Target]:
     """Every target of the issue with its measurement."""
     model = TARGET_MODEL if TARGET_MODEL in _models(results, "B1") else "tiny"
@@ -232,6 +276,8 @@ def targets(results: ResultSet) -> list[Target]:
         )
     for record in results.matching("B4cap", "resq", "tiny"):
         found.append(Target("B4: streams held by one API process", record.metrics["held"], 1000, "min"))
+    for model in _models(results, "B5"):
+        found.append(Target(f"B5 {model}: structured / plain (median of per-round ratios)", b5_ratio(results, model), 0.85, "min", "x"))  # fmt: skip
     return found
 
 
@@ -254,5 +300,6 @@ def all_tables(results: ResultSet) -> list[Table]:
         b2_table(results),
         b3_table(results),
         b4_table(results),
+        b5_table(results),
     ]
     return [table for table in tables if table.rows]

@@ -19,7 +19,7 @@ from redis import Redis
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from bench import capacity, clients, postprocess
+from bench import capacity, clients, postprocess, structured
 from bench.clients import StreamTiming
 from bench.models import BenchModel, ensure_bench, ensure_tiny
 from bench.plan import Plan
@@ -169,6 +169,10 @@ class BenchRun:
                     self._b3(redis_url, tiny)
                 if "B4" in self.plan.scenarios:
                     self._capacity(redis_url, tiny)
+                if "B5" in self.plan.scenarios:
+                    for model in models:
+                        if model.key in self.plan.models:
+                            self._b5(redis_url, model)
             finally:
                 self._group.stop_all()
                 self.results.context["load_after"] = [round(value, 2) for value in os.getloadavg()]
@@ -479,6 +483,31 @@ class BenchRun:
             redis.close()
 
     # --- B4: streams held by one API process ------------------------------------------------------
+
+    def _b5(self, redis_url: str, model: BenchModel) -> None:
+        """B5: json_schema vs plain streams on ``model``, alternated round by round."""
+        plan = self.plan
+        metrics_port = free_port()
+        stack = ResqStack(
+            self._group, redis_url, model, gpu_worker_env=structured.gpu_worker_env(metrics_port)
+        )
+        self._step(f"B5 {model.key}: starting resq")
+        stack.start()
+
+        def progress(run: structured.KindRun) -> None:
+            self._advance()
+            self._step(f"B5 {model.key} round {run.round_index + 1}: {run.kind} done")
+
+        try:
+            stack.wait_ready()
+            metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+            result = self._await(
+                structured.measure(stack, metrics_url, plan.rounds, plan.b5_clients, plan.b5_tokens, progress)
+            )
+            for record in result.records(model.key, plan.b5_clients):
+                self.results.add(record)
+        finally:
+            stack.stop()
 
     def _capacity(self, redis_url: str, model: BenchModel) -> None:
         count = self.plan.capacity_streams

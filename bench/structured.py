@@ -1,20 +1,24 @@
-"""``python -m bench.structured``: what constrained decoding costs, structured vs plain, paired per round.
+"""B5: what constrained decoding costs, structured vs plain streaming, paired per round.
 
-Each round runs 32 clients of json_schema requests and 32 clients of plain ones on the same
-stack, back to back (the order alternates between rounds), and reports per round the
-throughput ratio structured / plain, then the median of those ratios; the TTFT p50 and
-p99 of both (what grammar set-up adds to the first token); and, from the GPU worker's
-own metrics, the mask fill time per constrained token.
+Each round runs ``clients`` streaming clients of json_schema requests and as many of plain
+ones on the same stack, back to back (the order alternates between rounds). Reported per
+round: the throughput ratio structured / plain, then the median of those ratios; the TTFT
+p50 and p99 of both (what grammar set-up adds to the first token); and, from the GPU
+worker's own metrics, the mask time per constrained token.
 
 The schema is an array of at least 10,000 short strings, so a structured answer never
 completes before ``max_output_tokens`` and both kinds stream exactly as many tokens.
+
+``resq bench`` runs this as scenario B5 (:meth:`bench.runner.BenchRun`); ``python -m
+bench.structured`` (``make bench-structured``) runs it alone and prints the figures.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
@@ -24,7 +28,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench import clients
 from bench.models import ensure_bench, ensure_tiny
 from bench.procs import ProcGroup, free_port
-from bench.stats import alternated, median, percentile
+from bench.report import b5_table, fmt_ratio, targets, to_markdown
+from bench.results import ResultSet, RunRecord
+from bench.stats import alternated
 from bench.systems import ResqStack
 from resq.embedded_redis import EmbeddedRedis
 
@@ -36,7 +42,55 @@ SCHEMA: dict[str, object] = {
 TEXT: dict[str, object] = {
     "format": {"type": "json_schema", "name": "items", "schema": SCHEMA, "strict": True}
 }
-TARGET_RATIO = 0.85
+KINDS = ("plain", "structured")
+WARMUP_TOKENS = 16
+METRICS_TIMEOUT_S = 180.0
+
+
+@dataclass(frozen=True)
+class KindRun:
+    """One kind's clients in one round."""
+
+    kind: str
+    round_index: int
+    tok_s: float
+    ttft_ms: list[float]
+    bad_streams: int
+
+
+@dataclass
+class B5Result:
+    """Every run of B5 on one model, and the mask cost over all of them."""
+
+    runs: list[KindRun] = field(default_factory=list)
+    mask_us_per_token: float | None = None
+    mask_ms_per_step: float | None = None
+
+    def records(self, model: str, clients_count: int) -> list[RunRecord]:
+        """The runs as the bench's records (``B5`` per kind and round, ``B5mask`` once)."""
+        found = [run_record(run, model, clients_count) for run in self.runs]
+        if self.mask_us_per_token is not None and self.mask_ms_per_step is not None:
+            mask = {"us_per_token": self.mask_us_per_token, "ms_per_step": self.mask_ms_per_step}
+            found.append(RunRecord("B5mask", "structured", model, clients_count, 0, metrics=mask))
+        return found
+
+
+def run_record(run: KindRun, model: str, clients_count: int) -> RunRecord:
+    """One kind's round as a ``B5`` record."""
+    return RunRecord(
+        "B5",
+        run.kind,
+        model,
+        clients_count,
+        run.round_index,
+        metrics={"tok_s": run.tok_s, "bad_streams": run.bad_streams},
+        samples={"ttft_ms": run.ttft_ms},
+    )
+
+
+def gpu_worker_env(metrics_port: int) -> dict[str, str]:
+    """What B5's GPU worker needs besides the stack's settings: its metrics, for the mask cost."""
+    return {"RESQ_METRICS_PORT": str(metrics_port)}
 
 
 def _samples(text: str) -> dict[str, float]:
@@ -49,60 +103,84 @@ def _samples(text: str) -> dict[str, float]:
     }
 
 
-async def _round(
-    client: httpx.AsyncClient, stack: ResqStack, kind: str, clients_count: int, tokens: int
-) -> tuple[float, list[float], int]:
+async def _wait_for_metrics(client: httpx.AsyncClient, metrics_url: str) -> None:
+    # The GPU worker serves its metrics once its engine runs: the sign that this stack's worker
+    # (not one an earlier stack left listed in Redis) is the one that will generate.
+    deadline = asyncio.get_running_loop().time() + METRICS_TIMEOUT_S
+    while True:
+        try:
+            if (await client.get(metrics_url)).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"the GPU worker's metrics ({metrics_url}) never answered")
+        await asyncio.sleep(0.25)
+
+
+async def one_kind(
+    client: httpx.AsyncClient, stack: ResqStack, kind: str, clients_count: int, tokens: int, round_index: int
+) -> KindRun:
+    """``clients_count`` concurrent streams of ``kind``; their throughput and first-token times."""
     text = TEXT if kind == "structured" else None
     timings, wall = await clients.concurrently(
         clients_count,
         lambda: clients.resq_stream(client, stack.base_url, stack.model.served_name, tokens, text),
     )
     good = [timing for timing in timings if timing.error is None]
-    streamed = sum(timing.tokens for timing in good)
-    short = sum(1 for timing in timings if timing.error is not None or timing.tokens != tokens)
-    return streamed / wall, [timing.ttft_s * 1000 for timing in good], short
+    bad = sum(1 for timing in timings if timing.error is not None or timing.tokens != tokens)
+    return KindRun(
+        kind, round_index, sum(t.tokens for t in good) / wall, [t.ttft_s * 1000 for t in good], bad
+    )
 
 
-async def _measure(stack: ResqStack, rounds: int, clients_count: int, tokens: int, metrics_url: str) -> None:
+async def measure(
+    stack: ResqStack,
+    metrics_url: str,
+    rounds: int,
+    clients_count: int,
+    tokens: int,
+    on_run: Callable[[KindRun], None] = lambda _: None,
+) -> B5Result:
+    """Warm both kinds up at full width, then ``rounds`` alternated rounds."""
+    result = B5Result()
     async with httpx.AsyncClient(timeout=600) as client:
-        for kind in ("plain", "structured"):  # warm-up at full width
-            await _round(client, stack, kind, clients_count, 16)
+        await _wait_for_metrics(client, metrics_url)
+        for kind in KINDS:
+            await one_kind(client, stack, kind, clients_count, WARMUP_TOKENS, -1)
         before = _samples((await client.get(metrics_url)).text)
-        ratios: list[float] = []
-        ttft: dict[str, list[float]] = {"plain": [], "structured": []}
         for round_index in range(rounds):
-            rates: dict[str, float] = {}
-            for kind in alternated(["plain", "structured"], round_index):
-                rate, first_tokens, short = await _round(client, stack, kind, clients_count, tokens)
-                rates[kind] = rate
-                ttft[kind].extend(first_tokens)
-                flag = f" ({short} short or failed streams)" if short else ""
-                click.echo(f"round {round_index + 1}: {kind:10s} {rate:8.1f} tok/s{flag}")
-            ratios.append(rates["structured"] / rates["plain"])
-            click.echo(f"round {round_index + 1}: structured / plain = {ratios[-1]:.3f}")
+            for kind in alternated(list(KINDS), round_index):
+                run = await one_kind(client, stack, kind, clients_count, tokens, round_index)
+                result.runs.append(run)
+                on_run(run)
         after = _samples((await client.get(metrics_url)).text)
 
     def grown(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)
 
-    mask_s = grown("resq_grammar_mask_seconds_sum")
-    steps = grown("resq_grammar_mask_seconds_count")
     constrained = grown("resq_constrained_tokens_total")
-    median_ratio = median(ratios)
-    verdict = "met" if median_ratio >= TARGET_RATIO else f"MISSED by {TARGET_RATIO - median_ratio:.3f}"
-    click.echo(f"per-round ratios: {', '.join(f'{value:.3f}' for value in ratios)}")
-    click.echo(
-        f"median structured / plain throughput: {median_ratio:.3f} (target >= {TARGET_RATIO}: {verdict})"
-    )
-    for kind, values in ttft.items():
-        click.echo(
-            f"TTFT {kind:10s} p50 {percentile(values, 50):7.1f} ms  p99 {percentile(values, 99):7.1f} ms"
-        )
     if constrained:
+        mask_s = grown("resq_grammar_mask_seconds_sum")
+        result.mask_us_per_token = mask_s / constrained * 1e6
+        result.mask_ms_per_step = mask_s / max(grown("resq_grammar_mask_seconds_count"), 1) * 1e3
+    return result
+
+
+def _print(result: B5Result, model: str, clients_count: int) -> None:
+    results = ResultSet(records=result.records(model, clients_count))
+    click.echo(to_markdown(b5_table(results)))
+    (target,) = [found for found in targets(results) if found.name.startswith("B5")]
+    click.echo(f"\n{target.name}: {fmt_ratio(target.measured)}, target >= {target.bound}: {target.verdict()}")
+    if result.mask_ms_per_step is not None:
         click.echo(
-            f"mask fill: {mask_s / constrained * 1e6:.1f} us per constrained token "
-            f"({mask_s / max(steps, 1) * 1e3:.3f} ms per step with constrained rows, overlapping the forward pass)"
+            f"mask time per step with constrained rows: {result.mask_ms_per_step:.3f} ms (overlaps the forward pass)"
         )
+
+
+def _echo_run(run: KindRun) -> None:
+    flag = f" ({run.bad_streams} short or failed streams)" if run.bad_streams else ""
+    click.echo(f"round {run.round_index + 1}: {run.kind:10s} {run.tok_s:8.1f} tok/s{flag}")
 
 
 @click.command()
@@ -117,17 +195,15 @@ def main(model: str, rounds: int, clients_count: int, tokens: int) -> None:
     redis = EmbeddedRedis()
     redis.start()
     group = ProcGroup(Path(tempfile.mkdtemp(prefix="resq-bench-structured-")))
-    # Inline post-processing: the GPU worker is then the only process serving worker metrics.
     metrics_port = free_port()
-    os.environ["RESQ_METRICS_PORT"] = str(metrics_port)
-    stack = ResqStack(group, redis.url, served, postprocess_workers=0)
+    stack = ResqStack(group, redis.url, served, gpu_worker_env=gpu_worker_env(metrics_port))
     try:
         stack.start()
         stack.wait_ready()
         click.echo(f"model {served.key}: {served.description}; {clients_count} clients x {tokens} tokens")
-        asyncio.run(
-            _measure(stack, rounds, clients_count, tokens, f"http://127.0.0.1:{metrics_port}/metrics")
-        )
+        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        result = asyncio.run(measure(stack, metrics_url, rounds, clients_count, tokens, _echo_run))
+        _print(result, served.key, clients_count)
     finally:
         group.stop_all()
         redis.stop()

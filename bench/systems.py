@@ -13,6 +13,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
+
 from bench.direct import RESULT_PREFIX
 from bench.models import BenchModel
 from bench.procs import Proc, ProcGroup, free_port, http_ok, wait_until
@@ -55,6 +57,8 @@ class ResqStack:
     redis_url: str
     model: BenchModel
     postprocess_workers: int = 2
+    gpu_worker_env: dict[str, str] = field(default_factory=dict)
+    """Extra settings of the GPU worker (B5 gives it a metrics port)."""
     procs: list[Proc] = field(default_factory=list)
     api: Proc | None = None
     base_url: str = ""
@@ -63,7 +67,9 @@ class ResqStack:
         """Start every process (does not wait; see :meth:`wait_ready`)."""
         env = resq_env(self.redis_url, self.model, RESQ_POSTPROCESS_WORKERS=str(self.postprocess_workers))
         self.procs.append(
-            self.group.start_role("gpu-worker", f"{self.model.key}-gpu-worker", {**env, **engine_env()})
+            self.group.start_role(
+                "gpu-worker", f"{self.model.key}-gpu-worker", {**env, **engine_env(), **self.gpu_worker_env}
+            )
         )
         for index in range(self.postprocess_workers):
             self.procs.append(
@@ -75,8 +81,21 @@ class ResqStack:
         self.base_url = f"http://127.0.0.1:{port}"
 
     def wait_ready(self) -> None:
-        """Wait until ``/health`` says every role answers."""
-        wait_until(lambda: http_ok(f"{self.base_url}/health"), START_TIMEOUT_S, "resq", self.procs)
+        """Wait until ``/health`` says every role answers and ``/v1/models`` lists this stack's model.
+
+        ``/health`` alone is not enough on a Redis an earlier stack used: that stack's GPU
+        worker stays listed until its heartbeat expires, before this one has loaded its model.
+        """
+        wait_until(
+            lambda: http_ok(f"{self.base_url}/health") and self._serves_model(),
+            START_TIMEOUT_S,
+            "resq",
+            self.procs,
+        )
+
+    def _serves_model(self) -> bool:
+        listed = httpx.get(f"{self.base_url}/v1/models", timeout=2).json().get("data", [])
+        return any(model.get("id") == self.model.served_name for model in listed)
 
     def stop(self) -> None:
         """Stop every process of the stack."""

@@ -7,7 +7,7 @@ import pytest
 from bench.clients import _Frames
 from bench.document import BEGIN, END, replace_results
 from bench.plan import Plan
-from bench.report import Table, Target, b1_table, to_markdown
+from bench.report import Table, Target, b1_table, b5_ratio, b5_ratios, b5_table, targets, to_markdown
 from bench.results import ResultSet, RunRecord
 from bench.stats import alternated, median, percentile, ratio
 
@@ -98,8 +98,29 @@ def test_quick_plan_is_smaller_and_counts_its_runs() -> None:
     full, quick = Plan(), Plan().quick
     assert quick.rounds < full.rounds and quick.b1_tokens < full.b1_tokens
     # B1: 3 concurrencies x 3 systems, B2: 3 systems, per model and round; B3: 3 per round;
-    # B4: 2 systems x 3 concurrencies per round, plus the held-streams run.
-    assert full.runs() == (9 + 3) * 2 * 3 + 3 * 3 + 2 * 3 * 3 + 1
+    # B4: 2 systems x 3 concurrencies per round, plus the held-streams run; B5: 2 kinds per model
+    # and round.
+    assert full.runs() == (9 + 3) * 2 * 3 + 3 * 3 + 2 * 3 * 3 + 1 + 2 * 2 * 3
+
+
+def test_b5_pairs_the_kinds_of_each_round_and_takes_the_median_of_the_ratios() -> None:
+    results = ResultSet()
+    rates = [(100.0, 90.0), (200.0, 100.0), (100.0, 95.0)]  # (plain, structured) per round
+    for round_index, (plain, structured) in enumerate(rates):
+        results.add(RunRecord("B5", "plain", "bench", 32, round_index, {"tok_s": plain}, {"ttft_ms": [10.0]}))
+        results.add(
+            RunRecord(
+                "B5", "structured", "bench", 32, round_index, {"tok_s": structured}, {"ttft_ms": [12.0]}
+            )
+        )
+    results.add(RunRecord("B5mask", "structured", "bench", 32, 0, {"us_per_token": 60.0, "ms_per_step": 2.0}))
+    assert b5_ratios(results, "bench") == [0.9, 0.5, 0.95]
+    # Paired per round: the median of the ratios (0.9), not the ratio of medians (95 / 100).
+    assert b5_ratio(results, "bench") == 0.9
+    (row,) = b5_table(results).rows
+    assert row[:4] == ["bench", "32", "0.90, 0.50, 0.95", "0.90x"] and row[-1] == "60.0"
+    (target,) = [found for found in targets(results) if found.name.startswith("B5")]
+    assert target.met is True
 
 
 def test_sse_frames_are_split_across_chunk_boundaries() -> None:
