@@ -172,15 +172,20 @@ def _constrained_calls(
         forced = _forced_function(request, functions)
         if isinstance(request.tool_choice, FunctionToolChoice | CustomToolChoice) and forced is not None:
             offered = [tool for tool in functions if tool.name == forced]
-    raw_input = [tool for tool in offered if isinstance(tool, CustomTool) and tool.lark is not None]
+    json_calls: list[OfferedTool] = []
+    raw_input: list[RawInputTool] = []
+    for tool in offered:
+        lark = tool.lark if isinstance(tool, CustomTool) else None
+        if lark is None:
+            json_calls.append(tool)
+        else:
+            raw_input.append(RawInputTool(tool.name, lark))
     return CallsShape(
         envelope=call_envelope(tool_parser),
-        functions=tuple(_callable(tool) for tool in offered if tool not in raw_input),
+        functions=tuple(_callable(tool) for tool in json_calls),
         required=forcing,
         single=request.parallel_tool_calls is False,
-        raw_input_tools=tuple(
-            RawInputTool(tool.name, tool.lark) for tool in raw_input if tool.lark is not None
-        ),
+        raw_input_tools=tuple(raw_input),
     )
 
 

@@ -354,17 +354,23 @@ class CustomTool(_ToolBase):
     type: Literal["custom"]
     format: Annotated[CustomTextFormat | CustomGrammarFormat, Field(discriminator="type")] | None = None
 
+    def _definition(self, syntax: str) -> str | None:
+        grammar = self.format
+        return (
+            grammar.definition
+            if isinstance(grammar, CustomGrammarFormat) and grammar.syntax == syntax
+            else None
+        )
+
     @property
     def regex(self) -> str | None:
         """The regex the input must match, if the format is one."""
-        grammar = self.format if isinstance(self.format, CustomGrammarFormat) else None
-        return grammar.definition if grammar is not None and grammar.syntax == "regex" else None
+        return self._definition("regex")
 
     @property
     def lark(self) -> str | None:
         """The Lark grammar the input must follow, if the format is one."""
-        grammar = self.format if isinstance(self.format, CustomGrammarFormat) else None
-        return grammar.definition if grammar is not None and grammar.syntax == "lark" else None
+        return self._definition("lark")
 
 
 def _tool_tag(value: Any) -> str:

@@ -1,12 +1,14 @@
 """Grammars for constrained decoding: what an answer may look like, as one llguidance grammar.
 
 The API builds one grammar per constrained request (``text.format`` json_schema or
-json_object, strict function tools, ``tool_choice`` that forces a strict call) and
-checks it before anything is queued; the GPU worker compiles it into one matcher
-for that request and masks the request's logits with it at every step
-(:mod:`gpu_worker.constraints`). Grammars are llguidance's Lark dialect, with JSON
-schemas inlined as ``%json {...}``: one library for JSON Schema, regex and Lark,
-no per-schema compile step, used by OpenAI itself.
+json_object, strict function tools, custom tools with a grammar, ``tool_choice``
+that forces such a call) and checks it before anything is queued; the GPU worker
+compiles it into one matcher for that request and masks the request's logits with it
+at every step (:mod:`gpu_worker.constraints`). A grammar is llguidance's top-level
+JSON form, ``{"grammars": [...]}``: the answer in llguidance's Lark dialect, with JSON
+schemas inlined as ``%json {...}``, then each Lark custom tool's own grammar, which
+the answer references by name. One library for JSON Schema, regex and Lark, no
+per-schema compile step, used by OpenAI itself.
 
 The grammar covers the whole answer, in the chat format the parsers read:
 
