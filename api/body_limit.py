@@ -4,21 +4,28 @@ A declared ``Content-Length`` over the limit is refused at once, without reading
 body; a chunked body (no ``Content-Length``) is read up to the limit and refused as
 soon as it passes it. Either way the client gets a 413 in OpenAI's error envelope,
 and the app never holds more than the limit of one request in memory.
+
+A compressed body (``Content-Encoding``, see ``api.body_encoding``) is held to the limit
+twice: as sent, as above, and decoded, so a zip bomb gets the same 413. The app then
+sees a plain body: no ``Content-Encoding``, a ``Content-Length`` that matches it.
 """
 
 from __future__ import annotations
 
+import anyio.to_thread
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api import body_encoding
 from api.errors import OpenAIError
 from api.http import json_response
 
 
-def too_large(limit: int) -> OpenAIError:
-    """The 413 for a body over ``limit`` bytes."""
+def too_large(limit: int, *, decoded: bool = False) -> OpenAIError:
+    """The 413 for a body over ``limit`` bytes (``decoded``: once decompressed)."""
+    counted = " once decompressed" if decoded else ""
     return OpenAIError(
         413,
-        f"The request body is larger than this server accepts ({limit} bytes).",
+        f"The request body is larger{counted} than this server accepts ({limit} bytes).",
         code="request_too_large",
     )
 
@@ -36,8 +43,9 @@ def _declared_length(scope: Scope) -> int | None:
 class BodySizeLimit:
     """ASGI middleware: requests with a body over ``max_bytes`` get a 413.
 
-    The body is read here in full (the JSON routes read it whole anyway) and handed
-    to the app as one message; later ``receive`` calls (disconnect checks) pass through.
+    The body is read here in full (the JSON routes read it whole anyway), decoded if
+    it has a ``Content-Encoding``, and handed to the app as one message; later
+    ``receive`` calls (disconnect checks) pass through.
     """
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
@@ -49,9 +57,14 @@ class BodySizeLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        try:
+            codings = body_encoding.content_codings(scope.get("headers", []))
+        except OpenAIError as error:
+            await _refuse(error, scope, receive, send, close=True)
+            return
         declared = _declared_length(scope)
         if declared is not None and declared > self.max_bytes:
-            await self._refuse(scope, receive, send)
+            await _refuse(too_large(self.max_bytes), scope, receive, send, close=True)
             return
         chunks: list[bytes] = []
         size = 0
@@ -62,18 +75,44 @@ class BodySizeLimit:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
-                await self._refuse(scope, receive, send)
+                await _refuse(too_large(self.max_bytes), scope, receive, send, close=True)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        await self.app(scope, _replay(b"".join(chunks), receive), send)
+        body = b"".join(chunks)
+        del chunks  # one copy of the body while it is decoded, not two
+        if codings:
+            if body:
+                try:
+                    # Off the event loop: inflating megabytes takes milliseconds, and a tiny
+                    # body can inflate to the limit, so no compressed size is safe inline.
+                    body = await anyio.to_thread.run_sync(body_encoding.decode, body, codings, self.max_bytes)
+                except body_encoding.DecodedTooLargeError:
+                    await _refuse(too_large(self.max_bytes, decoded=True), scope, receive, send)
+                    return
+                except OpenAIError as error:
+                    await _refuse(error, scope, receive, send)
+                    return
+            scope = _decoded_scope(scope, len(body))
+        await self.app(scope, _replay(body, receive), send)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        error = too_large(self.max_bytes)
-        # Close the connection: the rest of the body is never read.
-        reply = json_response(error.body(), status_code=413, headers={"Connection": "close"})
-        await reply(scope, receive, send)
+
+async def _refuse(
+    error: OpenAIError, scope: Scope, receive: Receive, send: Send, *, close: bool = False
+) -> None:
+    # ``close``: the body is left unread, so the connection cannot carry another request.
+    headers = {"Connection": "close"} if close else None
+    reply = json_response(error.body(), status_code=error.status_code, headers=headers)
+    await reply(scope, receive, send)
+
+
+def _decoded_scope(scope: Scope, length: int) -> Scope:
+    """``scope`` for the decoded body: the app must neither decode it again nor trust the old length."""
+    dropped = (b"content-encoding", b"content-length", b"transfer-encoding")
+    headers = [(name, value) for name, value in scope.get("headers", []) if name not in dropped]
+    headers.append((b"content-length", str(length).encode("ascii")))
+    return {**scope, "headers": headers}
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
