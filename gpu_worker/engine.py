@@ -12,6 +12,13 @@ without running the processors: an all-greedy batch costs one argmax, and only
 rows with ``top_p < 1`` are sorted. The end tokens are per request too: a request
 may add its own (``stop_token_ids``) to the model's.
 
+Presence and frequency penalties are per request as well (:mod:`gpu_worker.penalties`):
+the engine counts what each penalised request generated (starting from the tokens a
+resumed one replays), and the step subtracts the penalties from those rows only. They
+need the step to run eagerly at every batch, as grammars do: when transformers turns
+on CUDA graphs, ``torch.compile`` or asynchronous batching (on CUDA with
+``RESQ_STRUCTURED_OUTPUTS`` off), a job with a penalty is refused.
+
 With ``RESQ_LOGPROBS`` the engine also computes each sampled token's logprob
 under the model's raw distribution (:mod:`gpu_worker.raw_logprobs`), for every
 request; only those that ask get them published.
@@ -33,6 +40,7 @@ from transformers.generation.continuous_batching.requests import GenerationOutpu
 from gpu_worker import raw_logprobs, sampling_step
 from gpu_worker.constraints import GrammarConstraints, GrammarRefusedError
 from gpu_worker.model_loading import LoadedModel
+from gpu_worker.penalties import Penalties
 from resq.settings import Settings
 from resq.wire import GenerationJob
 
@@ -47,6 +55,10 @@ _PROCESSOR_DEFAULT_TOP_P = 0.95
 
 class EngineStoppedError(RuntimeError):
     """The engine thread is gone; no request can be added."""
+
+
+class PenaltiesRefusedError(ValueError):
+    """A job asks for presence or frequency penalties that this engine's step cannot apply."""
 
 
 class Engine:
@@ -83,10 +95,30 @@ class Engine:
             self.constraints = GrammarConstraints(
                 loaded.tokenizer_json, self._vocab_size, list(loaded.card.eos_token_ids)
             )
-        self.fused_sampling = sampling_step.enable(self._manager.logit_processor, self.constraints)
+        self.penalties: Penalties | None = None
+        """Generated-token counts of penalised requests; None when this engine's step cannot apply them."""
+        if self._step_runs_eagerly(self._manager.continuous_batching_config):
+            self.penalties = Penalties(self._vocab_size)
+        self.fused_sampling = sampling_step.enable(
+            self._manager.logit_processor, self.constraints, self.penalties
+        )
         """Whether resq's sampling step replaces transformers' processors (False: an unexpected list)."""
         if not self.fused_sampling:
-            self.constraints = None  # transformers' own step cannot mask: constrained jobs are refused
+            # transformers' own step can neither mask nor penalise: such jobs are refused
+            self.constraints = None
+            self.penalties = None
+
+    @staticmethod
+    def _step_runs_eagerly(resolved: ContinuousBatchingConfig) -> bool:
+        # What transformers' runner calls pad_inputs (a graph or a compiled step), or a batch
+        # prepared before the previous one's tokens exist: either would skip or outrun the
+        # host-side row-to-request mapping that penalties read at every step.
+        return not (
+            any(resolved.cuda_graph_booleans)
+            or resolved.varlen_compile_config is not None
+            or resolved.decode_compile_config is not None
+            or resolved.use_async_batching
+        )
 
     @staticmethod
     def _batching_config(settings: Settings, device: torch.device) -> ContinuousBatchingConfig:
@@ -147,12 +179,22 @@ class Engine:
         """Hand ``job`` to the engine (its slot must be held).
 
         ``generated``: the tokens a lost worker already generated (the end of ``job``'s
-        prompt), which a grammar replays before it constrains what follows.
+        prompt), which a grammar replays before it constrains what follows, and which
+        presence and frequency penalties count as generated.
         """
-        if job.grammar is not None:
-            if self.constraints is None:
-                raise GrammarRefusedError("this GPU worker does not run grammars (RESQ_STRUCTURED_OUTPUTS)")
+        penalised = job.presence_penalty != 0 or job.frequency_penalty != 0
+        if job.grammar is not None and self.constraints is None:
+            raise GrammarRefusedError("this GPU worker does not run grammars (RESQ_STRUCTURED_OUTPUTS)")
+        if penalised and self.penalties is None:
+            raise PenaltiesRefusedError(
+                "this GPU worker does not apply presence_penalty or frequency_penalty "
+                "(its engine step runs in a CUDA graph, compiled or batched ahead)"
+            )
+        if job.grammar is not None and self.constraints is not None:
             self.constraints.add(job.response_id, job.grammar, generated or [])
+        if penalised and self.penalties is not None:
+            # Before add_request: the engine may schedule the request's first step at once.
+            self.penalties.add(job.response_id, job.frequency_penalty, job.presence_penalty, generated or [])
         if job.temperature == 0:
             sampling: dict[str, Any] = {"temperature": 1.0, "top_k": 1, "top_p": 1.0}
         else:
@@ -161,22 +203,28 @@ class Engine:
                 "top_k": self._vocab_size,
                 "top_p": float(job.top_p),
             }
-        request_id = self._manager.add_request(
-            job.prompt_token_ids,
-            request_id=job.response_id,
-            max_new_tokens=job.max_output_tokens,
-            streaming=True,
-            eos_token_id=self.end_tokens(job) if job.stop_token_ids else None,
-            **sampling,
-        )
+        try:
+            request_id = self._manager.add_request(
+                job.prompt_token_ids,
+                request_id=job.response_id,
+                max_new_tokens=job.max_output_tokens,
+                streaming=True,
+                eos_token_id=self.end_tokens(job) if job.stop_token_ids else None,
+                **sampling,
+            )
+        except BaseException:
+            self.forget(job.response_id)
+            raise
         if request_id is None:
             self.forget(job.response_id)
             raise EngineStoppedError("the engine does not accept requests (stopping or failed)")
 
     def forget(self, response_id: str) -> None:
-        """Drop what the engine kept for a request that ended (its grammar matcher)."""
+        """Drop what the engine kept for a request that ended (its grammar matcher, its token counts)."""
         if self.constraints is not None:
             self.constraints.forget(response_id)
+        if self.penalties is not None:
+            self.penalties.forget(response_id)
 
     def end_tokens(self, job: GenerationJob) -> list[int]:
         """The tokens that end ``job``: the model's, and the request's own."""

@@ -58,9 +58,11 @@ def run(settings: Settings) -> None:
     """Run one GPU worker until SIGTERM/SIGINT."""
     loaded = load_model(settings)
     redis = sync_redis(settings.redis_url)
-    register_model(redis, loaded.card, loaded.tokenizer_json)
-
     engine = Engine(loaded, settings)
+    # The card says what this engine can do, which only the built engine knows (penalties
+    # need an eagerly run step); the API refuses what the card rules out.
+    card = loaded.card.model_copy(update={"penalties": engine.penalties is not None})
+    register_model(redis, card, loaded.tokenizer_json)
     engine.start()
     generations = Generations(redis, settings.transient_ttl_s)
     app = make_celery(settings)
@@ -84,7 +86,7 @@ def run(settings: Settings) -> None:
             "pid": os.getpid(),
         },
         # A Redis restarted without its data has forgotten the served models: publish again.
-        on_beat=lambda: _ensure_registered(redis, loaded.card, loaded.tokenizer_json),
+        on_beat=lambda: _ensure_registered(redis, card, loaded.tokenizer_json),
     )
     heartbeat.start()
     threading.Thread(target=_watch_engine, args=(publisher,), name="engine-watch", daemon=True).start()

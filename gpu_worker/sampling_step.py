@@ -30,6 +30,13 @@ the model's raw distribution. Rows map to requests through the order in which th
 batch was built (``req_id_to_new_token_position``, one entry per sampled row), which
 is why the engine turns off CUDA graphs and asynchronous batching while structured
 outputs are on: a replayed graph or a batch prepared ahead would skip this code.
+
+Presence and frequency penalties (:mod:`gpu_worker.penalties`) come first: when
+:func:`enable` was given the engine's :class:`gpu_worker.penalties.Penalties`, the rows
+of penalised requests have their penalties subtracted (a copy of the logits), then the
+grammar masks go on, then the tokens are chosen, which the penalised rows' counts take
+in. They map rows to requests the same way, so the engine keeps them only while its step
+is neither captured nor compiled nor prepared ahead.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from transformers.generation.continuous_batching.cb_logits_processors import (
 )
 
 from gpu_worker.constraints import GrammarConstraints
+from gpu_worker.penalties import Penalties
 from gpu_worker.raw_logprobs import chosen_token_logprobs
 from gpu_worker.runner_step import Step, wrap_step
 from gpu_worker.sampling import next_tokens
@@ -56,6 +64,7 @@ log = logging.getLogger(__name__)
 _MARK = "_resq_sampling_step"
 _PLAN = "_resq_sampling_rows"
 _CONSTRAINTS = "_resq_constraints"
+_PENALTIES = "_resq_penalties"
 
 
 @dataclass(frozen=True)
@@ -86,9 +95,12 @@ def argument_rows(processors: ContinuousBatchingLogitsProcessorList) -> Argument
 
 
 def enable(
-    processors: ContinuousBatchingLogitsProcessorList, constraints: GrammarConstraints | None = None
+    processors: ContinuousBatchingLogitsProcessorList,
+    constraints: GrammarConstraints | None = None,
+    penalties: Penalties | None = None,
 ) -> bool:
-    """Let the runners that use ``processors`` sample with resq's step (and ``constraints``); False when it cannot."""
+    """Let the runners that use ``processors`` sample with resq's step (with ``constraints`` and
+    ``penalties``); False when it cannot."""
     rows = argument_rows(processors)
     if rows is None:
         log.warning(
@@ -98,6 +110,7 @@ def enable(
         return False
     setattr(processors, _PLAN, rows)
     setattr(processors, _CONSTRAINTS, constraints)
+    setattr(processors, _PENALTIES, penalties)
     return True
 
 
@@ -134,9 +147,15 @@ def install() -> None:
                 previous(self, model, batch_data, carry_over_ids, prev_output_ids, output_ids)
                 return
             constraints: GrammarConstraints | None = getattr(self.logit_processor, _CONSTRAINTS, None)
+            penalties: Penalties | None = getattr(self.logit_processor, _PENALTIES, None)
             constrained = None
-            if constraints is not None and len(constraints):
-                constrained = constraints.start_masks(_row_request_ids(self), output_ids.device)
+            penalised = None
+            if (constraints is not None and len(constraints)) or (penalties is not None and len(penalties)):
+                row_request_ids = _row_request_ids(self)
+                if constraints is not None and len(constraints):
+                    constrained = constraints.start_masks(row_request_ids, output_ids.device)
+                if penalties is not None and len(penalties):
+                    penalised = penalties.rows(row_request_ids, output_ids.device)
             # As transformers' step (model_runner.py, 5.x), up to the processed logits.
             self.inputs_and_outputs.carry_over_tokens(
                 batch_data["input_ids"], carry_over_ids, prev_output_ids
@@ -145,17 +164,18 @@ def install() -> None:
             if "logits_to_keep" not in batch_data:
                 logits = logits[:, batch_data["logits_indices"], :]
             logits = logits[0].float()
-            if constrained is None:
-                tokens = choose_tokens(
-                    logits, batch_data["logits_processor_args"], rows, bool(self.pad_inputs)
-                )
-            else:
-                assert constraints is not None
-                masked = constraints.apply(constrained, logits)
-                tokens = choose_tokens(
-                    masked, batch_data["logits_processor_args"], rows, bool(self.pad_inputs)
-                )
+            # Penalties, then masks (-inf stays -inf under any penalty), each on a copy: logprobs
+            # below are those of the model's raw distribution.
+            scores = logits
+            if penalties is not None and penalised is not None:
+                scores = penalties.apply(penalised, scores)
+            if constraints is not None and constrained is not None:
+                scores = constraints.apply(constrained, scores)
+            tokens = choose_tokens(scores, batch_data["logits_processor_args"], rows, bool(self.pad_inputs))
+            if constraints is not None and constrained is not None:
                 constraints.advance(constrained, tokens)
+            if penalties is not None and penalised is not None:
+                penalties.count(penalised, tokens)
             count = tokens.shape[0]
             output_ids[0, :count].copy_(tokens)
             if self.return_logprobs:

@@ -50,6 +50,8 @@ class ModelCard(BaseModel):
     """Whether the GPU worker computes each sampled token's log-probability."""
     structured_outputs: bool = False
     """Whether the GPU worker constrains decoding to grammars (``RESQ_STRUCTURED_OUTPUTS``)."""
+    penalties: bool = False
+    """Whether the GPU worker applies ``presence_penalty`` / ``frequency_penalty`` (not in a CUDA graph)."""
 
 
 @dataclass

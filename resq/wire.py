@@ -33,6 +33,12 @@ class GenerationJob(BaseModel):
     max_output_tokens: int = Field(ge=1)
     temperature: float = Field(ge=0)
     top_p: float = Field(gt=0, le=1)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    """OpenAI's ``presence_penalty``: subtracted once from the logit of every token this request
+    has already generated (the prompt does not count); negative values favour repetition."""
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    """OpenAI's ``frequency_penalty``: subtracted from a token's logit once per time this request
+    has already generated it (the prompt does not count); negative values favour repetition."""
     stop_token_ids: list[int] = Field(default_factory=list)
     """Tokens that end this request, besides the model's end-of-sequence tokens."""
     logprobs: bool = False
