@@ -76,7 +76,7 @@ _NOT_FIELDS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", 
 # Union tags pydantic names after a field: `tool_choice` tags every string choice "mode"
 # (`reasoning.mode` is a real field), `text.format` names its branch by type.
 _TAG_AFTER: dict[str, frozenset[str]] = {
-    "tool_choice": frozenset({"mode"}),
+    "tool_choice": frozenset({"mode", "allowed_tools"}),
     "format": frozenset({"text", "json_schema", "json_object", "grammar"}),
 }
 
@@ -103,6 +103,7 @@ def _param_path(loc: Sequence[int | str], skip_tags: bool = True) -> str | None:
             "custom_tool_call_output",
             "reasoning",
             "item_reference",
+            "namespace",
             "input_text",
             "output_text",
             "refusal",
@@ -123,7 +124,13 @@ def _pick(errors: Sequence[Any]) -> dict[str, Any]:
         custom = (
             1
             if error["type"]
-            in ("unsupported_parameter", "metadata_limit", "invalid_unicode", "nesting_limit")
+            in (
+                "unsupported_parameter",
+                "metadata_limit",
+                "invalid_unicode",
+                "nesting_limit",
+                "unknown_tool_type",
+            )
             else 0
         )
         return (custom, len(error["loc"]))
@@ -152,6 +159,8 @@ def validation_error_to_openai(errors: Sequence[Any]) -> OpenAIError:
         return invalid_value(f"Unknown parameter: '{param}'.", param, "unknown_parameter")
     if kind == "unsupported_parameter":
         return invalid_value(str(error["msg"]), param, "unsupported_parameter")
+    if kind == "unknown_tool_type":
+        return invalid_value(str(error["msg"]), param)
     if kind == "union_tag_invalid":
         return invalid_value(f"Invalid value for '{param}': unknown type.", param)
     if _TYPE_ERRORS.search(kind):

@@ -15,6 +15,13 @@ Every option is either enforced or refused with a 400 naming it; none is ignored
   prefills the assistant turn with the opening of a call, so the model can only
   go on with one (the prefill is part of the answer: the post-processor parses it
   as output); ``auto`` leaves the answer free.
+- ``namespace`` tools are flattened: each function or custom tool inside is offered as
+  ``<namespace>:<name>`` (``:`` cannot occur in a declared name, so nothing collides);
+  its calls come back with ``namespace`` and ``name`` apart.
+- hosted tools (``web_search``, ``file_search``, ``mcp``, ...) run on OpenAI's side: they
+  are not offered to the model, only echoed (``RESQ_HOSTED_TOOLS=refuse``: a 400).
+- ``tool_choice`` ``{"type": "allowed_tools", mode, tools}`` offers only the listed tools;
+  mode ``required`` forces a call among them, as ``required`` does.
 - ``custom`` tools reach the template as functions with one string parameter, ``input``;
   their calls come back as ``custom_tool_call`` items. A ``regex`` grammar constrains the
   input (a grammar like a strict function's); a ``lark`` grammar makes the call use the
@@ -38,6 +45,7 @@ from typing import Any
 
 from api.errors import OpenAIError, invalid_value
 from api.schemas import (
+    AllowedToolsChoice,
     CreateResponseRequest,
     CustomTool,
     CustomToolChoice,
@@ -45,9 +53,10 @@ from api.schemas import (
     FunctionToolChoice,
     JsonObjectFormat,
     JsonSchemaFormat,
+    NamespaceTool,
 )
 from resq.catalog import ModelCard
-from resq.conversation import CUSTOM_INPUT
+from resq.conversation import CUSTOM_INPUT, flat_tool_name
 from resq.grammars import ANY_OBJECT, AnswerShape, CallableFunction, CallsShape, RawInputTool
 from resq.postprocess.parsers import call_end_tag, call_envelope, forced_call_prefix, reasoning_markup
 
@@ -88,11 +97,60 @@ def unsupported(message: str, param: str) -> OpenAIError:
 
 
 OfferedTool = FunctionTool | CustomTool
-"""A tool the model may call (built-in tools are refused by validation)."""
+"""A tool the model may call; a namespace's tools are offered flattened (``namespace:name``)."""
+
+
+def _all_offerable(request: CreateResponseRequest) -> list[OfferedTool]:
+    """Every function and custom tool of ``tools``, namespaces flattened (hosted tools are not run)."""
+    offered: list[OfferedTool] = []
+    for tool in request.tools or []:
+        if isinstance(tool, FunctionTool | CustomTool):
+            offered.append(tool)
+        elif isinstance(tool, NamespaceTool):
+            offered.extend(
+                inner.model_copy(update={"name": flat_tool_name(tool.name, inner.name)})
+                for inner in tool.tools
+            )
+    return offered
+
+
+def _allowed(choice: AllowedToolsChoice, tools: list[OfferedTool]) -> list[OfferedTool]:
+    """The tools ``allowed_tools`` lets the model call, in ``tools`` order; 400 for a ref to no tool."""
+    by_name = {tool.name: tool for tool in tools}
+    wanted: set[str] = set()
+    for index, ref in enumerate(choice.tools):
+        if ref.type == "namespace" and ref.name is not None:
+            prefix = flat_tool_name(ref.name, "")
+            matches = {name for name in by_name if name.startswith(prefix)}
+        elif ref.type in ("function", "custom") and ref.name is not None:
+            name = ref.name if ref.namespace is None else flat_tool_name(ref.namespace, ref.name)
+            tool = by_name.get(name)
+            matches = {name} if tool is not None and tool.type == ref.type else set()
+        else:
+            continue  # a hosted tool: never offered here, allowed or not
+        if not matches:
+            raise invalid_value(
+                f"tool_choice.tools[{index}] names a tool that is not in tools.",
+                f"tool_choice.tools[{index}]",
+            )
+        wanted |= matches
+    return [tool for tool in tools if tool.name in wanted]
 
 
 def _functions(request: CreateResponseRequest) -> list[OfferedTool]:
-    return [tool for tool in request.tools or [] if isinstance(tool, FunctionTool | CustomTool)]
+    tools = _all_offerable(request)
+    if isinstance(request.tool_choice, AllowedToolsChoice):
+        return _allowed(request.tool_choice, tools)
+    return tools
+
+
+def hosted_tool_types(request: CreateResponseRequest) -> list[str]:
+    """The types of the hosted tools in ``tools`` (resq offers none of them to the model)."""
+    return [
+        tool.type
+        for tool in request.tools or []
+        if not isinstance(tool, FunctionTool | CustomTool | NamespaceTool)
+    ]
 
 
 def custom_input_schema(tool: CustomTool) -> dict[str, Any]:
@@ -189,28 +247,52 @@ def _constrained_calls(
     )
 
 
+def _refuse_hosted(request: CreateResponseRequest) -> None:
+    hosted = hosted_tool_types(request)
+    if hosted:
+        index = next(
+            index
+            for index, tool in enumerate(request.tools or [])
+            if not isinstance(tool, FunctionTool | CustomTool | NamespaceTool)
+        )
+        raise unsupported(
+            f"Tools of type {hosted[0]!r} are run by OpenAI, not by this server (RESQ_HOSTED_TOOLS "
+            "is 'refuse'); send the request without them.",
+            f"tools[{index}]",
+        )
+
+
 def plan_tools(
-    request: CreateResponseRequest, tool_parser: str | None, reasoning_parser: str | None
+    request: CreateResponseRequest,
+    tool_parser: str | None,
+    reasoning_parser: str | None,
+    refuse_hosted: bool = False,
 ) -> GenerationPlan:
     """The tool part of the plan (400 for what cannot be honoured)."""
-    functions = _functions(request)
-    choice = request.tool_choice or "auto"
-    if choice == "none":
-        return GenerationPlan()
-    forcing = choice == "required" or isinstance(choice, FunctionToolChoice | CustomToolChoice)
-    if not functions:
-        if forcing:
-            raise invalid_value(
-                "tool_choice asks for a function call, but the request has no tools.", "tool_choice"
-            )
-        return GenerationPlan()
-    names = [tool.name for tool in functions]
+    if refuse_hosted:
+        _refuse_hosted(request)
+    names = [tool.name for tool in _all_offerable(request)]
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
         raise invalid_value(
             f"Tool names must be unique; {', '.join(repr(name) for name in repeated)} appears more than once.",
             "tools",
         )
+    functions = _functions(request)
+    choice = request.tool_choice or "auto"
+    if choice == "none":
+        return GenerationPlan()
+    forcing = (
+        choice == "required"
+        or isinstance(choice, FunctionToolChoice | CustomToolChoice)
+        or (isinstance(choice, AllowedToolsChoice) and choice.mode == "required")
+    )
+    if not functions:
+        if forcing:
+            raise invalid_value(
+                "tool_choice asks for a function call, but the request has no tools.", "tool_choice"
+            )
+        return GenerationPlan()
     if tool_parser is None:
         raise unsupported(
             "This server has no tool-call parser configured (RESQ_TOOL_PARSER), so it cannot return "
@@ -301,10 +383,14 @@ def wants_logprobs(request: CreateResponseRequest, card: ModelCard) -> bool:
 
 
 def plan_generation(
-    request: CreateResponseRequest, card: ModelCard, tool_parser: str | None, reasoning_parser: str | None
+    request: CreateResponseRequest,
+    card: ModelCard,
+    tool_parser: str | None,
+    reasoning_parser: str | None,
+    refuse_hosted: bool = False,
 ) -> GenerationPlan:
     """Everything the request asks of generation besides its messages."""
-    plan = plan_tools(request, tool_parser, reasoning_parser)
+    plan = plan_tools(request, tool_parser, reasoning_parser, refuse_hosted)
     context = thinking_context(request, card, reasoning_parser)
     shape = answer_shape(request, plan, reasoning_parser, context)
     if shape is not None and not card.structured_outputs:
@@ -312,6 +398,17 @@ def plan_generation(
             "This server's GPU worker does not constrain decoding (RESQ_STRUCTURED_OUTPUTS is off), so "
             "text.format json_schema / json_object and strict tools cannot be served.",
             "text.format" if shape.calls is None else "tools",
+        )
+    penalised = [
+        name
+        for name in ("presence_penalty", "frequency_penalty")
+        if getattr(request, name) not in (None, 0, 0.0)
+    ]
+    if penalised and not card.penalties:
+        raise unsupported(
+            f"This server's GPU worker runs its step in a CUDA graph, which cannot apply penalties, so "
+            f"{penalised[0]} other than 0 cannot be served (RESQ_STRUCTURED_OUTPUTS=true runs it eagerly).",
+            penalised[0],
         )
     return replace(
         plan,

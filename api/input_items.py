@@ -65,24 +65,19 @@ def normalise_item(item: Item, item_id: str) -> Item:
             "content": _text_parts(item.get("content"), assistant),
             "status": item.get("status") or "completed",
         }
-    if kind == "function_call":
-        return {
+    if kind in ("function_call", "custom_tool_call"):
+        payload = "arguments" if kind == "function_call" else "input"
+        call = {
             "id": identifier,
-            "type": "function_call",
+            "type": kind,
             "call_id": item["call_id"],
             "name": item["name"],
-            "arguments": item.get("arguments", ""),
+            payload: item.get(payload, ""),
             "status": item.get("status") or "completed",
         }
-    if kind == "custom_tool_call":
-        return {
-            "id": identifier,
-            "type": "custom_tool_call",
-            "call_id": item["call_id"],
-            "name": item["name"],
-            "input": item.get("input", ""),
-            "status": item.get("status") or "completed",
-        }
+        if item.get("namespace") is not None:
+            call["namespace"] = item["namespace"]
+        return call
     if kind in ("function_call_output", "custom_tool_call_output"):
         return {
             "id": identifier,

@@ -116,11 +116,24 @@ async def follow_events(
             yield event
 
 
+DONE_FRAME = b"data: [DONE]\n\n"
+"""What follows the terminal event, as the Open Responses spec (and Chat Completions) end a stream.
+
+The OpenAI SDKs stop reading at it (openai-python's ``Stream`` breaks on a ``data`` of
+``[DONE]``), so it costs them nothing; a stream cut short (keys deleted) never gets it."""
+
+
 async def sse_chunks(batches: AsyncIterator[list[tuple[bytes, bytes]]]) -> AsyncIterator[bytes]:
-    """The SSE body of :func:`follow_event_batches`: one chunk of frames per non-empty batch."""
+    """The SSE body of :func:`follow_event_batches`: one chunk of frames per non-empty batch.
+
+    The chunk holding the terminal event ends with :data:`DONE_FRAME`.
+    """
     async for batch in batches:
         if batch:
-            yield b"".join([sse_frame(event_type, data) for event_type, data in batch])
+            frames = [sse_frame(event_type, data) for event_type, data in batch]
+            if batch[-1][0] in types.TERMINAL_TYPES_BYTES:
+                frames.append(DONE_FRAME)
+            yield b"".join(frames)
 
 
 async def _log_ended(redis: Redis, response_id: str, read_up_to: bytes | str) -> bool:

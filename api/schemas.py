@@ -318,16 +318,50 @@ class FunctionTool(_ToolBase):
         return value
 
 
-class UnsupportedTool(BaseModel):
-    """Built-in tools (web search, file search, ...)."""
+HOSTED_TOOL_TYPES = frozenset(
+    {
+        "apply_patch",
+        "code_interpreter",
+        "computer",
+        "computer_use_preview",
+        "file_search",
+        "image_generation",
+        "local_shell",
+        "mcp",
+        "programmatic_tool_calling",
+        "shell",
+        "tool_search",
+        "web_search",
+        "web_search_2025_08_26",
+        "web_search_preview",
+        "web_search_preview_2025_03_11",
+    }
+)
+"""Tool types OpenAI runs on its side (the SDK's ``Tool`` union minus function, custom and namespace)."""
+
+
+class HostedTool(BaseModel):
+    """A tool OpenAI runs itself (web search, file search, code interpreter, ...).
+
+    resq runs none of them: they are not offered to the model and are echoed in the
+    Response as sent (``RESQ_HOSTED_TOOLS=refuse`` makes them a 400 instead). Their
+    fields are kept as sent, whatever they are: they have no effect here.
+    """
 
     model_config = ConfigDict(extra="allow")
     type: str
 
     @field_validator("type")
     @classmethod
-    def _refuse(cls, value: str) -> str:
-        raise unsupported(f"Tools of type {value!r}")
+    def _known(cls, value: str) -> str:
+        if value not in HOSTED_TOOL_TYPES:
+            raise PydanticCustomError(
+                "unknown_tool_type",
+                "Unknown tool type {kind!r}; expected 'function', 'custom', 'namespace' or a "
+                "hosted tool type.",
+                {"kind": value},
+            )
+        return value
 
 
 class CustomTextFormat(_Strict):
@@ -375,13 +409,34 @@ class CustomTool(_ToolBase):
 
 def _tool_tag(value: Any) -> str:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return kind if kind in ("function", "custom") else "other"
+    return kind if kind in ("function", "custom", "namespace") else "other"
+
+
+NamespacedTool = Annotated[
+    Annotated[FunctionTool, Tag("function")] | Annotated[CustomTool, Tag("custom")],
+    Discriminator(_tool_tag),
+]
+
+
+class NamespaceTool(_Strict):
+    """``{"type": "namespace", name, description, tools}``: function and custom tools grouped under a name.
+
+    The chat template sees them flattened, each as ``<namespace>:<name>`` (``:`` cannot
+    occur in a tool name, so no flattened name can collide with another tool's); calls
+    come back with ``name`` and ``namespace`` apart, as the client declared them.
+    """
+
+    type: Literal["namespace"]
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str | None = None
+    tools: list[NamespacedTool] = Field(min_length=1)
 
 
 Tool = Annotated[
     Annotated[FunctionTool, Tag("function")]
     | Annotated[CustomTool, Tag("custom")]
-    | Annotated[UnsupportedTool, Tag("other")],
+    | Annotated[NamespaceTool, Tag("namespace")]
+    | Annotated[HostedTool, Tag("other")],
     Discriminator(_tool_tag),
 ]
 
@@ -400,8 +455,28 @@ class CustomToolChoice(_Strict):
     name: str = Field(min_length=1)
 
 
+class AllowedToolRef(BaseModel):
+    """One entry of ``allowed_tools.tools``: a tool of ``tools`` by type and name."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    name: str | None = None
+    namespace: str | None = None
+
+
+class AllowedToolsChoice(_Strict):
+    """``{"type": "allowed_tools", "mode": "auto" | "required", "tools": [...]}``.
+
+    Only the listed tools are offered to the model; ``required`` forces a call among them.
+    """
+
+    type: Literal["allowed_tools"]
+    mode: Literal["auto", "required"]
+    tools: list[AllowedToolRef]
+
+
 class UnsupportedToolChoice(BaseModel):
-    """Tool choices for built-in tools or tool lists resq cannot enforce."""
+    """Tool choices that name a hosted tool: resq cannot make the model call what it does not run."""
 
     model_config = ConfigDict(extra="allow")
     type: str
@@ -416,13 +491,14 @@ def _tool_choice_tag(value: Any) -> str:
     if isinstance(value, str):
         return "mode"
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return kind if kind in ("function", "custom") else "other"
+    return kind if kind in ("function", "custom", "allowed_tools") else "other"
 
 
 ToolChoice = Annotated[
     Annotated[Literal["none", "auto", "required"], Tag("mode")]
     | Annotated[FunctionToolChoice, Tag("function")]
     | Annotated[CustomToolChoice, Tag("custom")]
+    | Annotated[AllowedToolsChoice, Tag("allowed_tools")]
     | Annotated[UnsupportedToolChoice, Tag("other")],
     Discriminator(_tool_choice_tag),
 ]
@@ -474,8 +550,8 @@ class TextConfig(_Strict):
 class ReasoningConfig(_Strict):
     """``reasoning``: effort (thinking on or off, where the chat template has the switch), echoed.
 
-    There is no summarizer: a summary other than ``auto`` (which may be none) is refused,
-    and reasoning comes back as raw ``reasoning_text`` content.
+    There is no summarizer: when a summary is asked for (any ``summary`` value), the
+    reasoning itself is the summary: its text goes to ``summary`` as well as ``content``.
     """
 
     effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
@@ -484,12 +560,10 @@ class ReasoningConfig(_Strict):
     context: Literal["auto", "current_turn", "all_turns"] | None = None
     mode: str | None = None
 
-    @field_validator("summary", "generate_summary")
-    @classmethod
-    def _no_summarizer(cls, value: str | None, info: Any) -> str | None:
-        if value not in (None, "auto"):
-            raise unsupported(f"reasoning.{info.field_name} {value!r} (there is no summarizer)")
-        return value
+    @property
+    def wants_summary(self) -> bool:
+        """Whether the request asks for a reasoning summary (``summary`` or ``generate_summary``)."""
+        return self.summary is not None or self.generate_summary is not None
 
     @field_validator("context")
     @classmethod
@@ -526,7 +600,11 @@ UNSUPPORTED_FIELDS = (
 )
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
-"""The one ``include`` value resq serves."""
+ENCRYPTED_REASONING_INCLUDE = "reasoning.encrypted_content"
+SERVED_INCLUDES = frozenset({LOGPROBS_INCLUDE, ENCRYPTED_REASONING_INCLUDE})
+"""The ``include`` values resq serves."""
+CLIENT_METADATA_MAX_KEYS = 64
+CLIENT_METADATA_MAX_CHARS = 16384
 KNOWN_INCLUDES = frozenset(
     {
         "file_search_call.results",
@@ -535,7 +613,7 @@ KNOWN_INCLUDES = frozenset(
         "message.input_image.image_url",
         "computer_call_output.output.image_url",
         "code_interpreter_call.outputs",
-        "reasoning.encrypted_content",
+        ENCRYPTED_REASONING_INCLUDE,
         LOGPROBS_INCLUDE,
     }
 )
@@ -581,7 +659,12 @@ class CreateResponseRequest(_Strict):
     safety_identifier: str | None = Field(None, max_length=128)
     prompt_cache_key: str | None = Field(None, max_length=256)
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
-    service_tier: Literal["auto", "default"] | None = None
+    # Every tier the SDK knows is accepted; resq has one, and the Response says "default".
+    service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"] | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2, strict=True)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2, strict=True)
+    client_metadata: dict[str, Any] | None = None
+    """Codex's per-request client details: accepted and logged at debug level, not stored."""
 
     access_programs: Any = None
     background_options: Any = None
@@ -612,8 +695,9 @@ class CreateResponseRequest(_Strict):
     def _served_includes(cls, value: list[str] | None) -> list[str] | None:
         for entry in value or []:
             if entry not in KNOWN_INCLUDES:
-                raise ValueError(f"unknown include {entry!r}; resq serves only {LOGPROBS_INCLUDE!r}")
-            if entry != LOGPROBS_INCLUDE:
+                served = ", ".join(repr(name) for name in sorted(SERVED_INCLUDES))
+                raise ValueError(f"unknown include {entry!r}; resq serves {served}")
+            if entry not in SERVED_INCLUDES:
                 raise unsupported(f"include {entry!r}")
         return value
 
@@ -637,6 +721,24 @@ class CreateResponseRequest(_Strict):
     def wants_logprobs(self) -> bool:
         """Whether ``include`` asks for ``output_text`` logprobs."""
         return LOGPROBS_INCLUDE in (self.include or [])
+
+    @property
+    def wants_encrypted_reasoning(self) -> bool:
+        """Whether ``include`` asks for ``encrypted_content`` on reasoning items."""
+        return ENCRYPTED_REASONING_INCLUDE in (self.include or [])
+
+    @field_validator("client_metadata")
+    @classmethod
+    def _client_metadata_limits(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is None:
+            return value
+        if len(value) > CLIENT_METADATA_MAX_KEYS or len(repr(value)) > CLIENT_METADATA_MAX_CHARS:
+            raise PydanticCustomError(
+                "metadata_limit",
+                "client_metadata may hold at most {keys} keys and {chars} characters.",
+                {"keys": CLIENT_METADATA_MAX_KEYS, "chars": CLIENT_METADATA_MAX_CHARS},
+            )
+        return value
 
     @field_validator("metadata")
     @classmethod

@@ -27,6 +27,7 @@ from resq.recovery.dispatch import send_generation
 from resq.recovery.leases import register_lease
 from resq.recovery.reaper import Reaper
 from resq.redis_client import async_redis, sync_redis
+from resq.sealed import Sealer, sealer_from_settings
 from resq.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ class AppState:
     reaper: Reaper
     keyring: KeyRing
     rate_limiter: RateLimiter | None
+    sealer: Sealer
+    """Opens the ``encrypted_content`` blobs clients send back (the post-processors seal them)."""
     # Celery's publisher is blocking: it runs on a few threads, off the event loop.
     publisher_pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=4, thread_name_prefix="celery-publish")
@@ -80,6 +83,7 @@ class AppState:
             reaper=reaper,
             keyring=keyring,
             rate_limiter=RateLimiter(redis, settings.rate_limit_rpm) if settings.rate_limit_rpm else None,
+            sealer=sealer_from_settings(settings),
         )
 
     async def send_task(self, name: str, queue: str, kwargs: dict[str, Any]) -> None:

@@ -20,7 +20,7 @@ from redis.asyncio import Redis
 from api.caller import Caller
 from api.errors import OpenAIError, invalid_value, response_not_found
 from api.relay import follow_events, last_sequence_number
-from resq import ids, jsonutil, keys
+from resq import ids, item_index, jsonutil, keys
 from resq.records import CANCEL_LUA, DELETE_LUA, TERMINAL_STATUSES
 from resq.redis_types import optional_bytes
 
@@ -92,6 +92,24 @@ def previous_response_not_found(response_id: str) -> OpenAIError:
     )
 
 
+def owns(owner: str, caller: Caller) -> bool:
+    """Whether ``caller`` is the ``owner`` a record names: the single ownership check of the API."""
+    return owner == caller.owner
+
+
+def _item_of(entry: item_index.IndexedItem | None, item_id: str, caller: Caller) -> Item | None:
+    """The item ``item_id`` of an indexed response, if the caller may see that response."""
+    if entry is None or not entry.store or not owns(entry.owner, caller) or not entry.payload:
+        return None
+    if entry.where == item_index.OUTPUT:
+        if not entry.final:
+            return None  # output is only referable once the response ended
+        candidates: list[Item] = jsonutil.loads(entry.payload).get("output", [])
+    else:
+        candidates = jsonutil.loads(entry.payload).get("items", [])
+    return next((item for item in candidates if item.get("id") == item_id), None)
+
+
 class ResponseStore:
     """Reads, cancels and deletes stored responses in Redis."""
 
@@ -102,7 +120,34 @@ class ResponseStore:
     @staticmethod
     def visible(stored: StoredResponse, caller: Caller) -> bool:
         """Whether ``caller`` may see ``stored``: the single ownership check of the API."""
-        return stored.owner == caller.owner
+        return owns(stored.owner, caller)
+
+    async def referenced_items(self, references: list[tuple[int, str]], caller: Caller) -> dict[int, Item]:
+        """The items ``references`` (``(input index, item id)``) name, by input index; one round trip.
+
+        An item resolves when a stored response the caller may see (the same check as every
+        by-id route) holds it as an output or input item; otherwise a 400 names ``input[i].id``.
+        """
+        if not references:
+            return {}
+        raw = await self._redis.eval(
+            item_index.RESOLVE_LUA,
+            len(references),
+            *(keys.item_ref(caller.owner, item_id) for _, item_id in references),
+            item_index.RECORD_KEY_TEMPLATE,
+            item_index.INPUT_KEY_TEMPLATE,
+        )
+        resolved: dict[int, Item] = {}
+        for (index, item_id), entry in zip(references, item_index.parse_resolved(raw), strict=True):
+            item = _item_of(entry, item_id, caller)
+            if item is None:
+                raise invalid_value(
+                    f"Item with id '{item_id}' not found: item_reference resolves only items of "
+                    "your stored responses.",
+                    f"input[{index}].id",
+                )
+            resolved[index] = item
+        return resolved
 
     async def _read(self, response_id: str) -> StoredResponse | None:
         values = await self._redis.hmget(keys.record(response_id), _FIELDS)

@@ -13,9 +13,9 @@ from api.constraints import request_grammar
 from api.errors import OpenAIError, invalid_value, rate_limited
 from api.generation_plan import GenerationPlan, plan_generation
 from api.input_items import normalise_input
-from api.schemas import CreateResponseRequest
+from api.schemas import CreateResponseRequest, CustomTool, FunctionTool, NamespaceTool, Tool
 from api.state import AppState
-from resq import ids, jsonutil, keys
+from resq import ids, item_index, jsonutil, keys, sealed
 from resq.catalog import TextTokenizer
 from resq.chat_template import ChatTemplateError
 from resq.conversation import continue_conversation, input_to_items, items_to_messages
@@ -25,6 +25,7 @@ from resq.events.emitter import EncodedEvent, EventEmitter
 from resq.logs import bind_response_id
 from resq.options import ProcessingOptions
 from resq.recovery import generations
+from resq.sealed import SealError
 from resq.wire import GenerationJob
 
 log = logging.getLogger(__name__)
@@ -72,12 +73,15 @@ def initial_response(
         if request.reasoning
         else {"effort": None, "summary": None},
         "safety_identifier": request.safety_identifier,
-        "service_tier": request.service_tier or "default",
+        "presence_penalty": request.presence_penalty or 0.0,
+        "frequency_penalty": request.frequency_penalty or 0.0,
+        # resq serves one tier, whichever the request asked for.
+        "service_tier": "default",
         "store": store,
         "temperature": DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
         "text": _text_echo(request),
         "tool_choice": _tool_choice_echo(request),
-        "tools": [tool.model_dump(exclude_none=True, by_alias=True) for tool in request.tools or []],
+        "tools": [tool_echo(tool) for tool in request.tools or []],
         "top_logprobs": request.top_logprobs or 0,
         "top_p": DEFAULT_TOP_P if request.top_p is None else request.top_p,
         "truncation": "disabled",
@@ -85,6 +89,53 @@ def initial_response(
         "user": request.user,
         "completed_at": None,
     }
+
+
+_NULLABLE_TOOL_KEYS: dict[type[Any], tuple[str, ...]] = {
+    FunctionTool: ("description", "parameters", "strict"),
+    CustomTool: ("description",),
+    NamespaceTool: ("description",),
+}
+"""Keys the Response shows for a tool even when the request left them out (as null)."""
+
+
+def tool_echo(tool: Tool) -> dict[str, Any]:
+    """A tool as the Response shows it: what was sent, with the nullable keys present."""
+    echoed: dict[str, Any] = tool.model_dump(by_alias=True, exclude_unset=True)
+    for key in _NULLABLE_TOOL_KEYS.get(type(tool), ()):
+        echoed.setdefault(key, None)
+    if isinstance(tool, NamespaceTool):
+        echoed["tools"] = [tool_echo(inner) for inner in tool.tools]
+    return echoed
+
+
+async def resolve_input(state: AppState, items: list[dict[str, Any]], caller: Caller) -> list[dict[str, Any]]:
+    """``items`` with every ``item_reference`` replaced by the item it names, and sealed reasoning opened.
+
+    A reasoning item's ``encrypted_content`` (issued with ``include: ["reasoning.encrypted_content"]``)
+    becomes its ``content`` again, the reasoning text exactly as the model wrote it. A reference
+    to no item the caller may read, or a blob that does not open, is a 400 naming the item.
+    """
+    references = [
+        (index, item["id"]) for index, item in enumerate(items) if item.get("type") == "item_reference"
+    ]
+    resolved = await state.store.referenced_items(references, caller)
+    opened: list[dict[str, Any]] = []
+    for index, item in enumerate(items):
+        item = resolved.get(index, item)
+        blob = item.get("encrypted_content") if item.get("type") == "reasoning" else None
+        if isinstance(blob, str):
+            try:
+                text = state.sealer.open(sealed.REASONING, caller.owner, blob)
+            except SealError as exc:
+                raise invalid_value(
+                    f"Invalid 'input[{index}].encrypted_content': {exc}.",
+                    f"input[{index}].encrypted_content",
+                    "invalid_encrypted_content",
+                ) from None
+            item = {**item, "content": [{"type": "reasoning_text", "text": text}]}
+        opened.append(item)
+    return opened
 
 
 def _text_echo(request: CreateResponseRequest) -> dict[str, Any]:
@@ -182,6 +233,7 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
     )
     if not new_items:
         raise invalid_value("Missing required parameter: 'input'.", "input", "missing_required_parameter")
+    new_items = await resolve_input(state, new_items, caller)
     response_id = ids.new_response_id()
     bind_response_id(response_id)
     own_items = normalise_input(new_items, response_id)
@@ -193,7 +245,13 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
         messages = items_to_messages(conversation, request.instructions)
     except ValueError as exc:
         raise invalid_value(str(exc), "input") from exc
-    plan = plan_generation(request, tokenizer.card, settings.tool_parser, settings.reasoning_parser)
+    plan = plan_generation(
+        request,
+        tokenizer.card,
+        settings.tool_parser,
+        settings.reasoning_parser,
+        refuse_hosted=settings.hosted_tools == "refuse",
+    )
     # Compiling a grammar can take a while for a large schema: never on the event loop.
     grammar = await asyncio.to_thread(request_grammar, request, plan, tokenizer)
     forced_ids = tokenizer.encode(plan.forced_prefix) if plan.forced_prefix else []
@@ -221,6 +279,8 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
         max_function_calls=plan.max_calls,
         forced_prefix_ids=tuple(forced_ids),
         logprobs=plan.logprobs,
+        reasoning_summary=request.reasoning is not None and request.reasoning.wants_summary,
+        seal_reasoning_for=caller.owner if request.wants_encrypted_reasoning else None,
     )
     # The conversation is stored whole (not as a link to the earlier response), so a
     # continuation keeps working when an earlier response expires or is deleted.
@@ -236,6 +296,8 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
         stop_token_ids=stop_token_ids(tokenizer, plan),
         logprobs=plan.logprobs,
         grammar=grammar,
+        presence_penalty=request.presence_penalty or 0.0,
+        frequency_penalty=request.frequency_penalty or 0.0,
     )
 
     created_json = jsonutil.dumps(created)
@@ -268,6 +330,10 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
         )
     pipe.expire(keys.events(response_id), ttl)
     pipe.set(keys.input_items(response_id), jsonutil.dumps(input_record), ex=ttl)
+    if store:
+        item_index.index_items(
+            pipe, caller.owner, response_id, own_items, item_index.INPUT, settings.store_ttl_s
+        )
     generations.stage(pipe, job, ttl, int(time.time() * 1000))
     await pipe.execute()
 

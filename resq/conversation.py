@@ -13,6 +13,7 @@ templates expect:
 - ``function_call_output`` becomes a ``tool`` message;
 - ``custom_tool_call`` / ``custom_tool_call_output`` render the same way, the call's
   ``input`` as its one argument (``{"input": ...}``, how the custom tool was offered);
+- a call with a ``namespace`` names its tool ``namespace:name``, as the tool was offered;
 - a ``reasoning`` item is attached as ``reasoning_content`` to the assistant
   message that follows it.
 """
@@ -27,6 +28,19 @@ Item = dict[str, Any]
 
 CUSTOM_INPUT = "input"
 """The one parameter a custom tool is offered with: its call's text."""
+NAMESPACE_SEPARATOR = ":"
+"""Between a namespace and a tool's name in the flattened name the model sees (never in a name)."""
+
+
+def flat_tool_name(namespace: str | None, name: str) -> str:
+    """The name the model knows a tool by: ``namespace:name``, or ``name`` outside a namespace."""
+    return name if namespace is None else f"{namespace}{NAMESPACE_SEPARATOR}{name}"
+
+
+def split_tool_name(flat_name: str) -> tuple[str | None, str]:
+    """``(namespace, name)`` of a flattened tool name (no namespace: ``None``)."""
+    namespace, separator, name = flat_name.partition(NAMESPACE_SEPARATOR)
+    return (namespace, name) if separator and namespace and name else (None, flat_name)
 
 
 def content_text(content: str | list[dict[str, Any]] | None) -> str:
@@ -79,7 +93,10 @@ def items_to_messages(items: list[Item], instructions: str | None = None) -> lis
             call = {
                 "type": "function",
                 "id": item["call_id"],
-                "function": {"name": item["name"], "arguments": arguments},
+                "function": {
+                    "name": flat_tool_name(item.get("namespace"), item["name"]),
+                    "arguments": arguments,
+                },
             }
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":

@@ -12,6 +12,8 @@ safe (a duplicate event is refused, never stored twice).
 
 from __future__ import annotations
 
+import hashlib
+
 PREFIX = "resq"
 
 # Celery queues
@@ -116,6 +118,14 @@ def all_keys(response_id: str) -> tuple[str, ...]:
         cancel(response_id),
         generation(response_id),
     )
+
+
+def item_ref(owner: str, item_id: str) -> str:
+    """String: ``"<response_id> <o|i>"``, the stored response whose output (``o``) or input (``i``)
+    holds the item ``item_id`` of ``owner`` (:mod:`resq.item_index`). The id is hashed: a client
+    chooses its input items' ids, of any length."""
+    digest = hashlib.blake2b(item_id.encode(), digest_size=16).hexdigest()
+    return f"{PREFIX}:itemref:{owner}:{digest}"
 
 
 def event_entry_id(sequence_number: int) -> str:

@@ -36,3 +36,8 @@ class ProcessingOptions(BaseModel):
     logprobs: bool = False
     """Attach each text token's log-probability to ``output_text`` (``include``)."""
     top_logprobs: int = 0
+    reasoning_summary: bool = False
+    """The request asked for a reasoning summary: reasoning items mirror their text into ``summary``."""
+    seal_reasoning_for: str | None = None
+    """``include: ["reasoning.encrypted_content"]``: seal each reasoning item's text for this owner
+    (the caller's fingerprint, the blob's associated data); None: no ``encrypted_content``."""

@@ -35,3 +35,10 @@ def optional_bytes(reply: Any) -> bytes | None:
 def scored_members(reply: Any) -> list[tuple[bytes, float]]:
     """A ``ZRANGE ... WITHSCORES`` reply."""
     return cast(list[tuple[bytes, float]], reply)
+
+
+def optional_text(reply: Any) -> str | None:
+    """A string reply (bytes or str, as the client decodes) as text, or None."""
+    if reply is None:
+        return None
+    return reply.decode() if isinstance(reply, bytes) else str(reply)

@@ -168,6 +168,22 @@ class Settings(BaseSettings):
             "built-in key. Changing it orphans every stored response."
         ),
     )
+    content_secret: SecretStr | None = Field(
+        None,
+        description=(
+            "Key of the `encrypted_content` blobs (reasoning items) clients carry between turns "
+            "(AES-256-GCM); unset: derived from `RESQ_OWNER_SECRET`, or a built-in key when that is "
+            "unset too. Every API replica and post-process worker needs the same value; changing it "
+            "makes earlier blobs a 400."
+        ),
+    )
+    hosted_tools: Literal["ignore", "refuse"] = Field(
+        "ignore",
+        description=(
+            "What to do with hosted tools (`web_search`, `file_search`, `mcp`, ...) that resq does not "
+            "run: `ignore` echoes them and does not offer them to the model; `refuse` answers 400."
+        ),
+    )
     rate_limit_rpm: int = Field(
         0,
         ge=0,

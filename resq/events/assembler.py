@@ -9,11 +9,14 @@ items (same ids, same text) that were streamed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from resq import ids
+from resq.conversation import split_tool_name
 from resq.events import builders as build
+from resq.events import types
 from resq.events.builders import Event, ItemStatus
 from resq.postprocess.segments import (
     CustomToolCallSegment,
@@ -39,11 +42,23 @@ class _OpenItem:
         return "".join(self.text_parts)
 
 
+@dataclass(frozen=True)
+class ReasoningOutput:
+    """How reasoning items are shown: with the summary mirrored, with a sealed copy."""
+
+    summary: bool = False
+    """Mirror the reasoning into ``summary`` (and its summary events): there is no summarizer,
+    so the summary of the whole reasoning is the reasoning itself."""
+    seal: Callable[[str], str] | None = None
+    """Seals a reasoning text into ``encrypted_content``; None: no ``encrypted_content``."""
+
+
 class OutputAssembler:
     """Builds the output items of one response from parser segments."""
 
-    def __init__(self, response_id: str) -> None:
+    def __init__(self, response_id: str, reasoning: ReasoningOutput | None = None) -> None:
         self._response_id = response_id
+        self._reasoning = reasoning or ReasoningOutput()
         self.items: list[dict[str, Any]] = []
         """Closed output items, in ``output_index`` order (the final Response's ``output``)."""
         self._open: _OpenItem | None = None
@@ -85,6 +100,8 @@ class OutputAssembler:
         if kind == "message":
             events.append(build.output_text_delta(item.item_id, item.output_index, 0, text, logprobs))
         else:
+            if self._reasoning.summary:
+                events.append(build.reasoning_summary_text_delta(item.item_id, item.output_index, 0, text))
             events.append(build.reasoning_text_delta(item.item_id, item.output_index, 0, text))
         return events
 
@@ -99,10 +116,15 @@ class OutputAssembler:
             ]
         item_id = ids.item_id("rs", self._response_id, index)
         self._open = _OpenItem(kind, item_id, index)
-        return [
-            build.output_item_added(index, build.reasoning_item(item_id, "in_progress")),
-            build.content_part_added(item_id, index, 0, build.reasoning_text_part("")),
-        ]
+        events = [build.output_item_added(index, build.reasoning_item(item_id, "in_progress"))]
+        if self._reasoning.summary:
+            events.append(
+                build.reasoning_summary_part(
+                    types.REASONING_SUMMARY_PART_ADDED, item_id, index, 0, build.summary_text_part("")
+                )
+            )
+        events.append(build.content_part_added(item_id, index, 0, build.reasoning_text_part("")))
+        return events
 
     def _close_open(self, status: ItemStatus) -> list[Event]:
         item = self._open
@@ -118,8 +140,18 @@ class OutputAssembler:
             ]
         else:
             part = build.reasoning_text_part(text)
-            done_item = build.reasoning_item(item.item_id, status, [part])
-            events = [
+            summary = [build.summary_text_part(text)] if self._reasoning.summary else []
+            sealed = self._reasoning.seal(text) if self._reasoning.seal is not None else None
+            done_item = build.reasoning_item(item.item_id, status, [part], summary, sealed)
+            events = []
+            if summary:
+                events += [
+                    build.reasoning_summary_text_done(item.item_id, item.output_index, 0, text),
+                    build.reasoning_summary_part(
+                        types.REASONING_SUMMARY_PART_DONE, item.item_id, item.output_index, 0, summary[0]
+                    ),
+                ]
+            events += [
                 build.reasoning_text_done(item.item_id, item.output_index, 0, text),
                 build.content_part_done(item.item_id, item.output_index, 0, part),
             ]
@@ -141,26 +173,28 @@ class OutputAssembler:
 
     def _function_call(self, call: ToolCallSegment) -> list[Event]:
         events, index, item_id, call_id = self._start_call("fc")
-        done_item = build.function_call_item(item_id, call_id, call.name, call.arguments, "completed")
+        namespace, name = split_tool_name(call.name)
+        done_item = build.function_call_item(item_id, call_id, name, call.arguments, "completed", namespace)
         self.items.append(done_item)
         return [
             *events,
             build.output_item_added(
-                index, build.function_call_item(item_id, call_id, call.name, "", "in_progress")
+                index, build.function_call_item(item_id, call_id, name, "", "in_progress", namespace)
             ),
             build.function_call_arguments_delta(item_id, index, call.arguments),
-            build.function_call_arguments_done(item_id, index, call.name, call.arguments),
+            build.function_call_arguments_done(item_id, index, name, call.arguments),
             build.output_item_done(index, done_item),
         ]
 
     def _custom_tool_call(self, call: CustomToolCallSegment) -> list[Event]:
         events, index, item_id, call_id = self._start_call("ctc")
-        done_item = build.custom_tool_call_item(item_id, call_id, call.name, call.input, "completed")
+        namespace, name = split_tool_name(call.name)
+        done_item = build.custom_tool_call_item(item_id, call_id, name, call.input, "completed", namespace)
         self.items.append(done_item)
         return [
             *events,
             build.output_item_added(
-                index, build.custom_tool_call_item(item_id, call_id, call.name, "", "in_progress")
+                index, build.custom_tool_call_item(item_id, call_id, name, "", "in_progress", namespace)
             ),
             build.custom_tool_call_input_delta(item_id, index, call.input),
             build.custom_tool_call_input_done(item_id, index, call.input),

@@ -39,18 +39,41 @@ def message_item(
     return {"type": "message", "id": item_id, "role": "assistant", "status": status, "content": content or []}
 
 
+def summary_text_part(text: str) -> dict[str, Any]:
+    """A ``summary_text`` part of a reasoning item."""
+    return {"type": "summary_text", "text": text}
+
+
 def reasoning_item(
-    item_id: str, status: ItemStatus, content: list[dict[str, Any]] | None = None
+    item_id: str,
+    status: ItemStatus,
+    content: list[dict[str, Any]] | None = None,
+    summary: list[dict[str, Any]] | None = None,
+    encrypted_content: str | None = None,
 ) -> dict[str, Any]:
-    """A ``reasoning`` output item (raw reasoning text, no summary)."""
-    return {"type": "reasoning", "id": item_id, "summary": [], "content": content or [], "status": status}
+    """A ``reasoning`` output item: raw reasoning text, the summary when asked, the sealed blob when asked."""
+    item: dict[str, Any] = {
+        "type": "reasoning",
+        "id": item_id,
+        "summary": summary or [],
+        "content": content or [],
+        "status": status,
+    }
+    if encrypted_content is not None:
+        item["encrypted_content"] = encrypted_content
+    return item
 
 
 def function_call_item(
-    item_id: str, call_id: str, name: str, arguments: str, status: ItemStatus
+    item_id: str,
+    call_id: str,
+    name: str,
+    arguments: str,
+    status: ItemStatus,
+    namespace: str | None = None,
 ) -> dict[str, Any]:
-    """A ``function_call`` output item."""
-    return {
+    """A ``function_call`` output item (``namespace`` only for a namespace's function)."""
+    item = {
         "type": "function_call",
         "id": item_id,
         "call_id": call_id,
@@ -58,13 +81,21 @@ def function_call_item(
         "arguments": arguments,
         "status": status,
     }
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item
 
 
 def custom_tool_call_item(
-    item_id: str, call_id: str, name: str, input_text: str, status: ItemStatus
+    item_id: str,
+    call_id: str,
+    name: str,
+    input_text: str,
+    status: ItemStatus,
+    namespace: str | None = None,
 ) -> dict[str, Any]:
-    """A ``custom_tool_call`` output item."""
-    return {
+    """A ``custom_tool_call`` output item (``namespace`` only for a namespace's tool)."""
+    item = {
         "type": "custom_tool_call",
         "id": item_id,
         "call_id": call_id,
@@ -72,6 +103,9 @@ def custom_tool_call_item(
         "input": input_text,
         "status": status,
     }
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item
 
 
 # --- events --------------------------------------------------------------------------------------
@@ -166,6 +200,41 @@ def reasoning_text_delta(item_id: str, output_index: int, content_index: int, de
         "output_index": output_index,
         "content_index": content_index,
         "delta": delta,
+    }
+
+
+def reasoning_summary_part(
+    kind: str, item_id: str, output_index: int, summary_index: int, part: dict[str, Any]
+) -> Event:
+    """``response.reasoning_summary_part.added`` / ``.done`` (``kind`` is the event type)."""
+    return {
+        "type": kind,
+        "item_id": item_id,
+        "output_index": output_index,
+        "summary_index": summary_index,
+        "part": part,
+    }
+
+
+def reasoning_summary_text_delta(item_id: str, output_index: int, summary_index: int, delta: str) -> Event:
+    """``response.reasoning_summary_text.delta``."""
+    return {
+        "type": types.REASONING_SUMMARY_TEXT_DELTA,
+        "item_id": item_id,
+        "output_index": output_index,
+        "summary_index": summary_index,
+        "delta": delta,
+    }
+
+
+def reasoning_summary_text_done(item_id: str, output_index: int, summary_index: int, text: str) -> Event:
+    """``response.reasoning_summary_text.done``."""
+    return {
+        "type": types.REASONING_SUMMARY_TEXT_DONE,
+        "item_id": item_id,
+        "output_index": output_index,
+        "summary_index": summary_index,
+        "text": text,
     }
 
 

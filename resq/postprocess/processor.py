@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
-from resq import jsonutil
+from resq import jsonutil, sealed
 from resq.catalog import TextTokenizer
 from resq.events import builders as build
 from resq.events import types
-from resq.events.assembler import OutputAssembler
+from resq.events.assembler import OutputAssembler, ReasoningOutput
 from resq.events.builders import ItemStatus
 from resq.events.emitter import EncodedEvent, EventEmitter
 from resq.options import ProcessingOptions
@@ -25,6 +26,7 @@ from resq.postprocess.detokenizer import IncrementalDetokenizer
 from resq.postprocess.logprobs import LogprobAligner
 from resq.postprocess.parsers import ReasoningTokenCounter, make_parser
 from resq.postprocess.segments import Segment
+from resq.sealed import Sealer
 from resq.wire import FinishEntry, StartEntry, TokensEntry, TokenStreamEntry
 
 FinalStatus = Literal["completed", "incomplete", "failed", "cancelled"]
@@ -45,6 +47,17 @@ class Finished:
     response_json: bytes
 
 
+def _reasoning_output(options: ProcessingOptions, sealer: Sealer | None) -> ReasoningOutput:
+    owner = options.seal_reasoning_for
+    if owner is None:
+        return ReasoningOutput(summary=options.reasoning_summary)
+    if sealer is None:
+        raise ValueError("the request asks for encrypted reasoning, and no sealer was given")
+    return ReasoningOutput(
+        summary=options.reasoning_summary, seal=partial(sealer.seal, sealed.REASONING, owner)
+    )
+
+
 class ResponseProcessor:
     """Builds the events and the final Response of one response."""
 
@@ -54,6 +67,7 @@ class ResponseProcessor:
         created_response: dict[str, Any],
         tokenizer: TextTokenizer,
         options: ProcessingOptions,
+        sealer: Sealer | None = None,
     ) -> None:
         self._response_id = response_id
         self._template = created_response
@@ -65,7 +79,7 @@ class ResponseProcessor:
         self._forced_prefix_ids = list(options.forced_prefix_ids)
         self._output_length = 0
         """Characters of decoded output so far (where the next token's text starts)."""
-        self._assembler = OutputAssembler(response_id)
+        self._assembler = OutputAssembler(response_id, _reasoning_output(options, sealer))
         self._started = False
         self.reasoning_tokens = 0
         self.finish: FinishEntry | None = None

@@ -16,7 +16,7 @@ from typing import Any
 from redis import Redis
 from redis.exceptions import ResponseError
 
-from resq import jsonutil, keys
+from resq import item_index, jsonutil, keys
 from resq.catalog import ModelCatalog
 from resq.events import types
 from resq.events.emitter import EncodedEvent, EventEmitter
@@ -24,7 +24,8 @@ from resq.options import ProcessingOptions
 from resq.postprocess import metrics
 from resq.postprocess.processor import Finished, ResponseProcessor
 from resq.records import FINALIZE_LUA, MARK_IN_PROGRESS_LUA
-from resq.redis_types import range_entries, stream_entries
+from resq.redis_types import optional_text, range_entries, stream_entries
+from resq.sealed import sealer_from_settings
 from resq.settings import Settings
 from resq.wire import FinishEntry, StartEntry, decode_entry
 
@@ -120,8 +121,8 @@ def run_postprocess(
     ``keep_going`` is asked between reads: when it turns false (this process lost its
     lease on the response) the call stops and returns :data:`HANDED_OVER`.
     """
-    created_json, options_json, store_flag = redis.hmget(
-        keys.record(response_id), "created", "options", "store"
+    created_json, options_json, store_flag, owner = redis.hmget(
+        keys.record(response_id), "created", "options", "store", "owner"
     )
     if created_json is None or options_json is None:
         log.info("response %s has no record (deleted or expired); nothing to do", response_id)
@@ -146,7 +147,7 @@ def run_postprocess(
             ttl_s,
         )
 
-    processor = ResponseProcessor(response_id, created, tokenizer, options)
+    processor = ResponseProcessor(response_id, created, tokenizer, options, sealer_from_settings(settings))
     writer = EventLogWriter(redis, response_id, already_logged)
     tokens_key = keys.tokens(response_id)
     last_id: bytes | str = "0-0"
@@ -177,20 +178,31 @@ def run_postprocess(
         writer.append(events)
         metrics.note_batch_logged(entries[0][0])
         if processor.finish is not None:
-            return _complete(redis, response_id, processor, writer, ttl_s)
+            index_owner = optional_text(owner) if store_flag == b"1" else None
+            return _complete(redis, response_id, processor, writer, ttl_s, index_owner)
 
 
 def _complete(
-    redis: Redis, response_id: str, processor: ResponseProcessor, writer: EventLogWriter, ttl_s: int
+    redis: Redis,
+    response_id: str,
+    processor: ResponseProcessor,
+    writer: EventLogWriter,
+    ttl_s: int,
+    index_owner: str | None,
 ) -> str:
     # The store is written FIRST, then the terminal event: a client that sees the
-    # terminal event can always GET the final Response.
+    # terminal event can always GET the final Response (and reference its items).
     finished = processor.final_response()
     status, stored = _finalize(redis, response_id, finished, ttl_s)
     if status == "cancelled" and finished.status != "cancelled":
         status, stored = _finalize(redis, response_id, processor.final_response("cancelled"), ttl_s)
     if status == "missing":
         return status
+    if index_owner is not None:
+        pipe = redis.pipeline(transaction=False)
+        output = jsonutil.loads(stored).get("output", [])
+        item_index.index_items(pipe, index_owner, response_id, output, item_index.OUTPUT, ttl_s)
+        pipe.execute()
     writer.append([processor.terminal_event(status, stored)])
     redis.delete(keys.tokens(response_id))
     return status

@@ -214,6 +214,45 @@ def test_another_key_cannot_reach_a_response(auth_stack: Stack, redis_client: re
         alice.responses.retrieve(owned)
 
 
+def test_items_and_sealed_reasoning_are_the_owners_alone(auth_stack: Stack) -> None:
+    """item_reference and encrypted_content go through the same ownership check as every by-id route."""
+    alice, bob = sdk(auth_stack, KEY_A), sdk(auth_stack, KEY_B)
+    first = alice.responses.create(
+        model=MODEL,
+        input=[{"role": "user", "content": "My name is Ada.", "id": "msg_alice_1"}],
+        temperature=0,
+        include=["reasoning.encrypted_content"],
+    )
+    references = [{"type": "item_reference", "id": first.output[-1].id}]
+    for reference in (references, [{"type": "item_reference", "id": "msg_alice_1"}]):
+        with pytest.raises(openai.BadRequestError) as caught:
+            bob.responses.create(model=MODEL, input=[*reference, {"role": "user", "content": "Hi"}])
+        assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "input[0].id"
+    own = alice.responses.create(
+        model=MODEL,
+        temperature=0,
+        input=[
+            {"type": "item_reference", "id": "msg_alice_1"},
+            *references,
+            {"role": "user", "content": "What is my name?"},
+        ],
+    )
+    assert own.output_text == scenario("multi_turn").completion
+
+    thought = alice.responses.create(
+        model=MODEL, input="What is 2+2? Think first.", temperature=0, include=["reasoning.encrypted_content"]
+    )
+    blob = next(item for item in thought.output if item.type == "reasoning").encrypted_content
+    echoed = [
+        {"role": "user", "content": "Hi"},
+        {"type": "reasoning", "summary": [], "encrypted_content": blob},
+    ]
+    with pytest.raises(openai.BadRequestError) as sealed:
+        bob.responses.create(model=MODEL, input=echoed)  # type: ignore[arg-type]
+    assert isinstance(sealed.value.body, dict) and sealed.value.body["param"] == "input[1].encrypted_content"
+    assert alice.responses.create(model=MODEL, input=echoed, max_output_tokens=4).status  # type: ignore[arg-type]
+
+
 def test_a_key_over_its_rate_limit_gets_429_then_recovers(auth_stack: Stack) -> None:
     carol = sdk(auth_stack, KEY_C)
     limited: openai.RateLimitError | None = None

@@ -7,6 +7,8 @@ matrix must read back byte for byte as it was.
 
 from __future__ import annotations
 
+import gzip
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -16,7 +18,9 @@ from typing import Any
 import httpx
 import pytest
 import redis
+import zstandard
 from openai import RateLimitError
+from openai.types.responses import Response
 
 from tests.e2e.conftest import MODEL, Stack, start_stack
 from tests.fixture_model import scenario
@@ -88,6 +92,32 @@ CASES = [
         None,
         content=b'{"model": "fixture", "input": "' + b"x" * (2 * MAX_BODY_BYTES) + b'"}',
         headers={"Content-Type": "application/json"},
+    ),
+    Case(
+        "unsupported_encoding",
+        415,
+        "unsupported_content_encoding",
+        None,
+        content=b'{"model": "fixture", "input": "hi"}',
+        headers={"Content-Encoding": "br"},
+    ),
+    Case(
+        "corrupt_gzip",
+        400,
+        "invalid_body",
+        None,
+        content=b"not gzip at all",
+        headers={"Content-Encoding": "gzip"},
+    ),
+    Case(
+        "zstd_bomb",
+        413,
+        "request_too_large",
+        None,
+        content=zstandard.ZstdCompressor().compress(
+            b'{"model": "fixture", "input": "' + b"x" * (64 * MAX_BODY_BYTES) + b'"}'
+        ),
+        headers={"Content-Encoding": "zstd"},
     ),
     Case(
         "form_encoded",
@@ -424,6 +454,21 @@ def send(base_url: str, case: Case, stored_id: str) -> httpx.Response:
             {"Content-Type": "application/json", **case.headers} if case.content == b"" else case.headers
         )
         return http.request(case.method, url, content=case.content, params=case.params, headers=headers)
+
+
+@pytest.mark.parametrize("encoding", ["zstd", "gzip"])
+def test_a_compressed_request_is_served(limited: Stack, encoding: str) -> None:
+    """Codex CLI sends its request bodies zstd-compressed."""
+    plain = json.dumps({"model": MODEL, "input": "Say hello.", "temperature": 0}).encode()
+    compressed = zstandard.ZstdCompressor().compress(plain) if encoding == "zstd" else gzip.compress(plain)
+    reply = httpx.post(
+        f"{limited.base_url}/v1/responses",
+        content=compressed,
+        headers={"Content-Type": "application/json", "Content-Encoding": encoding},
+        timeout=60,
+    )
+    assert reply.status_code == 200, reply.text
+    assert Response.model_validate(reply.json()).output_text == scenario("hello").completion
 
 
 def test_matrix_has_enough_cases() -> None:

@@ -198,16 +198,22 @@ def test_the_response_echoes_what_was_asked() -> None:
 @pytest.mark.parametrize(
     ("fields", "param", "code"),
     [
-        ({"include": ["reasoning.encrypted_content"]}, "include", "unsupported_parameter"),
+        ({"include": ["file_search_call.results"]}, "include", "unsupported_parameter"),
+        ({"include": ["reasoning.everything"]}, "include", "invalid_value"),
+        ({"presence_penalty": 2.5}, "presence_penalty", "invalid_value"),
+        ({"frequency_penalty": "1"}, "frequency_penalty", "invalid_type"),
+        ({"service_tier": "gold"}, "service_tier", "invalid_value"),
+        ({"tools": [{"type": "teleport"}]}, "tools[0].type", "invalid_value"),
+        (
+            {"tool_choice": {"type": "allowed_tools", "mode": "sometimes", "tools": []}},
+            "tool_choice.mode",
+            "invalid_value",
+        ),
+        ({"tool_choice": {"type": "web_search"}}, "tool_choice.type", "unsupported_parameter"),
         ({"top_logprobs": 1}, "top_logprobs", "unsupported_parameter"),
         ({"truncation": "auto"}, "truncation", "unsupported_parameter"),
         ({"reasoning": {"mode": "pro"}}, "reasoning.mode", "unsupported_parameter"),
         ({"reasoning": {"context": "all_turns"}}, "reasoning.context", "unsupported_parameter"),
-        (
-            {"reasoning": {"generate_summary": "concise"}},
-            "reasoning.generate_summary",
-            "unsupported_parameter",
-        ),
         ({"tools": [{**WEATHER, "async": True}]}, "tools[0].async", "unsupported_parameter"),
         ({"tools": [{**WEATHER, "output_schema": {}}]}, "tools[0].output_schema", "unsupported_parameter"),
         (

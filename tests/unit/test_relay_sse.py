@@ -18,7 +18,7 @@ from sse_starlette import sse as sse_module
 from starlette.types import Message, Receive, Scope, Send
 
 from api.main import create_app
-from api.relay import RelayEventSourceResponse, event_stream_response, sse_chunks, sse_frame
+from api.relay import DONE_FRAME, RelayEventSourceResponse, event_stream_response, sse_chunks, sse_frame
 from resq.settings import Settings
 
 Batch = list[tuple[bytes, bytes]]
@@ -78,13 +78,14 @@ def test_chunks_are_written_unchanged_one_per_batch_and_the_body_ends_after_the_
     assert _bodies(messages) == [
         sse_frame(*CREATED),
         sse_frame(*DELTA) + sse_frame(*DELTA),
-        sse_frame(*DELTA) + sse_frame(*COMPLETED),
+        sse_frame(*DELTA) + sse_frame(*COMPLETED) + DONE_FRAME,
         b"",
     ]
     assert messages[-1]["more_body"] is False
     body = b"".join(_bodies(messages))
-    assert b"[DONE]" not in body
-    assert body.endswith(b"event: response.completed\ndata: " + COMPLETED[1] + b"\n\n")
+    # The terminal event, then `data: [DONE]` (Open Responses), then the end of the body.
+    assert body.endswith(b"event: response.completed\ndata: " + COMPLETED[1] + b"\n\ndata: [DONE]\n\n")
+    assert body.count(b"[DONE]") == 1
 
 
 def test_an_idle_stream_gets_comment_pings_between_frames() -> None:
@@ -97,7 +98,7 @@ def test_an_idle_stream_gets_comment_pings_between_frames() -> None:
     assert pings, bodies
     assert set(pings) == {b": ping\n\n"}
     frames = [body for body in bodies if body and not body.startswith(b":")]
-    assert frames == [sse_frame(*CREATED), sse_frame(*COMPLETED)]
+    assert frames == [sse_frame(*CREATED), sse_frame(*COMPLETED) + DONE_FRAME]
     assert bodies[-1] == b""
 
 
