@@ -13,7 +13,7 @@ from api.constraints import request_grammar
 from api.errors import OpenAIError, invalid_value, rate_limited
 from api.generation_plan import GenerationPlan, plan_generation
 from api.input_items import normalise_input
-from api.schemas import CreateResponseRequest, CustomTool, FunctionTool, NamespaceTool, Tool
+from api.schemas import CreateResponseRequest, CustomTool, FunctionTool, JsonSchemaFormat, NamespaceTool, Tool
 from api.state import AppState
 from resq import ids, item_index, jsonutil, keys, sealed
 from resq.catalog import TextTokenizer
@@ -139,11 +139,17 @@ async def resolve_input(state: AppState, items: list[dict[str, Any]], caller: Ca
 
 
 def _text_echo(request: CreateResponseRequest) -> dict[str, Any]:
-    """``text`` as the Response shows it: the format exactly as sent (``{"type": "text"}`` by default)."""
+    """``text`` as the Response shows it: the format as sent (``{"type": "text"}`` by default), a
+    ``json_schema`` one with its ``description`` and ``strict`` keys always present."""
     text = request.text
     echoed: dict[str, Any] = {"format": {"type": "text"}}
     if text is not None and text.format is not None:
         echoed["format"] = text.format.model_dump(by_alias=True, exclude_unset=True)
+        if isinstance(text.format, JsonSchemaFormat):
+            # Every key the Response has, as the Open Responses spec requires; `strict` says what
+            # resq does whatever was sent: the schema is always enforced.
+            echoed["format"].setdefault("description", None)
+            echoed["format"]["strict"] = True if text.format.strict is None else text.format.strict
     if text is not None and text.verbosity:
         echoed["verbosity"] = text.verbosity
     return echoed

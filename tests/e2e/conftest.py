@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from openai import OpenAI
+from openai import DefaultHttpxClient, OpenAI
 
 from tests.fixture_model import ensure_fixture_model
+from tests.support.conformance import check_http_response
 from tests.support.processes import (
     START_TIMEOUT_S,
     ProcessGroup,
@@ -40,6 +41,11 @@ class Stack:
 
     def client(self, **options: object) -> OpenAI:
         """An SDK client in strict validation mode, with no retries."""
+        options.setdefault(
+            # Every JSON Response it receives is checked against the Open Responses schema too.
+            "http_client",
+            DefaultHttpxClient(event_hooks={"response": [check_http_response]}),
+        )
         return OpenAI(
             base_url=f"{self.base_url}/v1",
             api_key="sk-test",

@@ -49,14 +49,25 @@ def second_api(
 # --- helpers ----------------------------------------------------------------------------------------
 
 
+TERMINAL_TYPES = ("response.completed", "response.incomplete", "response.failed")
+
+
 def iter_events(reply: httpx.Response) -> Iterator[RawEvent]:
-    """``(type, data bytes)`` of each SSE event of ``reply``, as it arrives."""
+    """``(type, data bytes)`` of each SSE event of ``reply``, as it arrives, up to ``data: [DONE]``.
+
+    ``[DONE]`` (a frame without an event type) must come right after the terminal event.
+    """
     event_type = ""
+    last_type = ""
     for line in reply.iter_lines():
         if line.startswith("event: "):
             event_type = line[len("event: ") :]
+        elif line == "data: [DONE]":
+            assert not event_type and last_type in TERMINAL_TYPES, (event_type, last_type)
+            return
         elif line.startswith("data: "):
             yield event_type, line[len("data: ") :].encode()
+            last_type, event_type = event_type, ""
 
 
 def raw_events(reply: httpx.Response, stop_after: int | None = None) -> list[RawEvent]:

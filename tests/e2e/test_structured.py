@@ -87,6 +87,16 @@ def test_text_format_is_echoed_exactly_as_sent(client: OpenAI) -> None:
     assert stored.text.format == response.text.format
 
 
+def test_an_unsent_strict_is_echoed_as_what_resq_does(client: OpenAI) -> None:
+    """The Open Responses spec requires `strict` and `description`; the schema is always enforced."""
+    sent = {"type": "json_schema", "name": "answer", "schema": ANSWER_SCHEMA}
+    response = client.responses.create(
+        model=FIXTURE, input="What is 2+2? Think first.", temperature=0, text={"format": sent}
+    )
+    echoed = response.text.format.model_dump(by_alias=True)  # type: ignore[union-attr]
+    assert echoed["strict"] is True and echoed["description"] is None and echoed["schema"] == ANSWER_SCHEMA
+
+
 def test_responses_parse_fills_output_parsed(client: OpenAI) -> None:
     parsed = client.responses.parse(
         model=FIXTURE, input="What is 2+2? Think first.", temperature=0, text_format=Answer

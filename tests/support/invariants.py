@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from tests.support.conformance import check_events
+
 TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
 CONTENT_EVENTS = {
     "response.content_part.added",
@@ -41,6 +43,7 @@ def check_stream(
     events: list[Any], *, background: bool = False, first_sequence_number: int = 0
 ) -> dict[str, Any]:
     """Assert the stream invariants; return the final Response (from the terminal event) as a dict."""
+    check_events(events)  # Open Responses conformance of every event and of the Responses they carry
     dicts = [as_dict(event) for event in events]
     assert dicts, "empty stream"
     types = [event["type"] for event in dicts]
@@ -98,6 +101,7 @@ def check_stream(
             else:
                 done_texts[index] = event["text"]
     assert set(added) == set(done), f"items added {sorted(added)} but done {sorted(done)}"
+    _check_summaries(dicts, added, done)
 
     for index, texts in deltas.items():
         assert "".join(texts) == done_texts[index], f"deltas of item {index} do not add up to its done text"
@@ -108,6 +112,40 @@ def check_stream(
         if index in done_texts:
             assert item_text(item) == done_texts[index]
     return dict(final)
+
+
+def _check_summaries(
+    dicts: list[dict[str, Any]], added: dict[int, dict[str, Any]], done: dict[int, dict[str, Any]]
+) -> None:
+    """Reasoning summary parts open and close inside their item, and their deltas add up to the summary."""
+    open_parts: set[tuple[int, int]] = set()
+    deltas: dict[tuple[int, int], list[str]] = defaultdict(list)
+    texts: dict[tuple[int, int], str] = {}
+    closed: set[tuple[int, int]] = set()
+    for event in dicts:
+        kind = event["type"]
+        if not kind.startswith("response.reasoning_summary_"):
+            continue
+        key = (event["output_index"], event["summary_index"])
+        assert event["item_id"] == added[key[0]]["id"], f"{kind} names another item"
+        if kind == "response.reasoning_summary_part.added":
+            assert key not in open_parts and key not in closed, f"summary part {key} added twice"
+            open_parts.add(key)
+            continue
+        assert key in open_parts, f"{kind} outside its summary part {key}"
+        if kind == "response.reasoning_summary_text.delta":
+            deltas[key].append(event["delta"])
+        elif kind == "response.reasoning_summary_text.done":
+            texts[key] = event["text"]
+        elif kind == "response.reasoning_summary_part.done":
+            assert event["part"]["text"] == texts.get(key), f"summary part {key} done with another text"
+            open_parts.remove(key)
+            closed.add(key)
+    assert not open_parts, f"summary parts never closed: {sorted(open_parts)}"
+    for key in closed:
+        index, summary_index = key
+        assert "".join(deltas[key]) == texts[key], f"summary deltas of {key} do not add up"
+        assert done[index]["summary"][summary_index]["text"] == texts[key], f"summary {key} differs"
 
 
 def output_text(response: dict[str, Any]) -> str:

@@ -19,6 +19,7 @@ from resq.events.emitter import EventEmitter
 from resq.postprocess.segments import ReasoningSegment, TextSegment, ToolCallSegment
 from resq.sealed import REASONING, Sealer
 from tests.support.invariants import check_stream
+from tests.unit.test_events import base_response
 
 RESPONSE_ID = "resp_" + "1" * 32
 EVENT = TypeAdapter(ResponseStreamEvent)
@@ -188,6 +189,7 @@ def _run(reasoning: ReasoningOutput) -> tuple[list[dict[str, Any]], list[dict[st
 
 def _enveloped(events: list[dict[str, Any]], items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     base = {
+        **base_response(),  # a whole Response: check_stream checks Open Responses conformance
         "id": RESPONSE_ID,
         "object": "response",
         "created_at": 1,

@@ -37,6 +37,23 @@ def base_response(status: str = "in_progress") -> dict[str, Any]:
         "tool_choice": "auto",
         "tools": [],
         "top_p": 1.0,
+        # The rest of a Response as resq sends it (tests/support/conformance.py checks them all).
+        "background": False,
+        "completed_at": None,
+        "max_output_tokens": None,
+        "max_tool_calls": None,
+        "previous_response_id": None,
+        "prompt_cache_key": None,
+        "reasoning": {"effort": None, "summary": None},
+        "safety_identifier": None,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "service_tier": "default",
+        "store": True,
+        "text": {"format": {"type": "text"}},
+        "top_logprobs": 0,
+        "truncation": "disabled",
+        "usage": None,
     }
 
 
