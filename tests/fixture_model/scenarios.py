@@ -109,6 +109,9 @@ SCENARIOS: list[Scenario] = [
     Scenario(
         "no_tools_weather", [_user("What is the weather in Paris?")], None, "I cannot check the weather."
     ),
+    # The first turn of "multi_turn": a client that resends this answer (or a reference to it)
+    # with the next question gets "multi_turn"'s completion.
+    Scenario("introduce", [_user("My name is Ada.")], None, "Nice to meet you, Ada."),
     Scenario(
         "multi_turn",
         [

@@ -51,7 +51,27 @@ def test_the_operations_guide_lists_exactly_the_metrics_there_are() -> None:
     assert documented == registered_metrics()
 
 
-@pytest.mark.parametrize("page", ["architecture.md", "scaling.md", "operations.md"])
+@pytest.mark.parametrize("page", ["architecture.md", "scaling.md", "operations.md", "clients.md"])
 def test_docs_pages_exist_and_the_readme_links_them(page: str) -> None:
     assert (ROOT / "docs" / page).is_file()
     assert f"docs/{page}" in (ROOT / "README.md").read_text()
+
+
+def _defines(module: str, test: str) -> bool:
+    """Whether ``module`` defines ``test`` (a trailing ``*`` matches any test with that prefix)."""
+    name = re.escape(test.rstrip("*")) + (r"\w*" if test.endswith("*") else "")
+    return re.search(rf"def {name}\(", (ROOT / module).read_text()) is not None
+
+
+def test_every_test_the_clients_page_names_exists() -> None:
+    """docs/clients.md says which test runs each snippet: each named test must be there."""
+    page = (ROOT / "docs" / "clients.md").read_text()
+    named = re.findall(r"(tests/[\w/]+\.py)(?:::(\w+\*?))?", page)
+    assert len(named) >= 8, named
+    for module, test in named:
+        assert (ROOT / module).is_file(), f"docs/clients.md names {module}, which does not exist"
+        if test:
+            assert _defines(module, test), f"docs/clients.md names {module}::{test}, which does not exist"
+    modules = {module for module, _ in named}
+    for test in re.findall(r"`::(\w+)`", page):  # "`::test`" continues the module named before it
+        assert any(_defines(module, test) for module in modules), f"docs/clients.md names ::{test}"

@@ -1,0 +1,128 @@
+// The Vercel AI SDK (`ai` + `@ai-sdk/openai`) as an app uses it, against a Responses API server.
+//
+// Usage: node vercel_chat.mjs --base-url http://127.0.0.1:8000/v1 --model fixture [--api-key KEY]
+//
+// Provider settings are the SDK's defaults: `createOpenAI({baseURL, apiKey}).responses(model)`,
+// so `store` is true and a later turn sends the earlier assistant output back as
+// `{"type": "item_reference", "id": "msg_..."}` items. Every call sets `temperature: 0` (the
+// fixture model's answers are exact under greedy decoding). Runs:
+//
+// - generate: two generateText turns, the second with the first's `response.messages`;
+// - stream: the same two turns with streamText;
+// - tools: one generateText with a get_weather tool the SDK executes, two steps.
+//
+// Prints one JSON object on stdout: each turn's text, finish reason, and the input items of the
+// request the SDK sent (`request.body`). Any error: its message (and an API error's status and
+// body) on stderr, exit status 1.
+
+import { createOpenAI } from "@ai-sdk/openai";
+import { generateText, jsonSchema, stepCountIs, streamText, tool } from "ai";
+import { parseArgs } from "node:util";
+
+const { values: args } = parseArgs({
+  options: {
+    "base-url": { type: "string" },
+    model: { type: "string" },
+    "api-key": { type: "string", default: process.env.RESQ_TEST_API_KEY ?? "sk-unused" },
+    only: { type: "string" },
+  },
+});
+if (!args["base-url"] || !args.model) {
+  console.error("usage: node vercel_chat.mjs --base-url URL --model NAME [--api-key KEY] [--only generate,stream,tools]");
+  process.exit(2);
+}
+
+const openai = createOpenAI({ baseURL: args["base-url"], apiKey: args["api-key"] });
+const model = openai.responses(args.model);
+const settings = { temperature: 0, maxRetries: 0 };
+
+// The input items of the request body the SDK sent, parsed (the SDK keeps the body as sent).
+function sentInput(request) {
+  const body = typeof request?.body === "string" ? JSON.parse(request.body) : request?.body;
+  return body?.input ?? null;
+}
+
+function summary(result, request) {
+  return {
+    text: result.text,
+    finishReason: result.finishReason,
+    responseId: result.response?.id ?? null,
+    input: sentInput(request ?? result.request),
+  };
+}
+
+async function generateChat() {
+  const messages = [{ role: "user", content: "My name is Ada." }];
+  const first = await generateText({ model, messages, ...settings });
+  messages.push(...first.response.messages, { role: "user", content: "What is my name?" });
+  const second = await generateText({ model, messages, ...settings });
+  return { turn1: summary(first), turn2: summary(second) };
+}
+
+async function streamChat() {
+  const turn = async (messages) => {
+    let failure = null;
+    const result = streamText({ model, messages, ...settings, onError: ({ error }) => { failure = error; } });
+    let text = "";
+    for await (const delta of result.textStream) text += delta;
+    if (failure) throw failure;
+    const [response, request, finishReason] = await Promise.all([result.response, result.request, result.finishReason]);
+    return { text, finishReason, responseId: response.id, input: sentInput(request), messages: response.messages };
+  };
+  const messages = [{ role: "user", content: "My name is Ada." }];
+  const first = await turn(messages);
+  messages.push(...first.messages, { role: "user", content: "What is my name?" });
+  const second = await turn(messages);
+  delete first.messages;
+  delete second.messages;
+  return { turn1: first, turn2: second };
+}
+
+async function toolChat() {
+  const calls = [];
+  const getWeather = tool({
+    description: "Get the current weather for a city.",
+    // The fixture model knows this schema exactly as written (key order included).
+    inputSchema: jsonSchema({ type: "object", properties: { city: { type: "string" } }, required: ["city"] }),
+    execute: async ({ city }) => {
+      calls.push(city);
+      return "22C and sunny";
+    },
+  });
+  const result = await generateText({
+    model,
+    messages: [{ role: "user", content: "What is the weather in Paris?" }],
+    tools: { get_weather: getWeather },
+    stopWhen: stepCountIs(2),
+    ...settings,
+  });
+  return {
+    text: result.text,
+    finishReason: result.finishReason,
+    executed: calls,
+    steps: result.steps.map((step) => ({
+      finishReason: step.finishReason,
+      text: step.text,
+      toolCalls: step.toolCalls.map((call) => ({ toolName: call.toolName, input: call.input })),
+      input: sentInput(step.request),
+    })),
+  };
+}
+
+const runs = { generate: generateChat, stream: streamChat, tools: toolChat };
+const chosen = args.only ? args.only.split(",") : Object.keys(runs);
+const results = {};
+try {
+  for (const name of chosen) {
+    if (!runs[name]) throw new Error(`unknown run ${name}; known: ${Object.keys(runs).join(", ")}`);
+    results[name] = await runs[name]();
+  }
+} catch (error) {
+  console.error(`${error?.name ?? "Error"}: ${error?.message ?? error}`);
+  if (error?.statusCode !== undefined) console.error(`status: ${error.statusCode}`);
+  if (error?.responseBody !== undefined) console.error(`response body: ${error.responseBody}`);
+  if (error?.requestBodyValues !== undefined) console.error(`request body: ${JSON.stringify(error.requestBodyValues)}`);
+  console.error(`results so far: ${JSON.stringify(results)}`);
+  process.exit(1);
+}
+console.log(JSON.stringify(results));

