@@ -2,7 +2,8 @@
 
 No Docker engine runs here: ``docker-compose config`` (Debian's package; ``.ci/run``
 installs it) parses, validates against the compose schema and interpolates the file
-without one. The structural checks read the YAML itself, so they hold for compose v1 and v2.
+without one; where no compose is installed, :mod:`tests.support.compose` does the same in
+Python against the Compose Specification's JSON schema. The structural checks read the YAML itself, so they hold for compose v1 and v2.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import yaml
 
 from resq.settings import Settings
 from resq.settings_doc import variable
+from tests.support.compose import ConfigResult, InterpolationError, interpolate, read_env_file
+from tests.support.compose import compose_config as python_compose_config
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -30,24 +33,40 @@ GPU_HOST_SERVICES = ("gpu-worker-0", "gpu-worker-1")
 SETTING_VARIABLES = {variable(name) for name in Settings.model_fields}
 
 
-def compose_command() -> list[str]:
-    """``docker-compose`` (v1, Debian) or ``docker compose`` (v2 plugin), whichever works."""
+@cache
+def compose_command() -> list[str] | None:
+    """``docker-compose`` (v1, Debian) or ``docker compose`` (v2 plugin), whichever works; None: neither."""
     if shutil.which("docker-compose"):
         return ["docker-compose"]
     if shutil.which("docker"):
         probe = subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=60)
         if probe.returncode == 0:
             return ["docker", "compose"]
-    pytest.fail("validating docker-compose.yml needs docker-compose: apt-get install docker-compose")
+    return None
 
 
-def run_compose_config(compose_file: Path, **variables: str) -> subprocess.CompletedProcess[str]:
-    """``compose config`` of ``compose_file`` with ``.env.example`` and ``variables`` (no other RESQ_*)."""
+def _environment(**variables: str) -> dict[str, str]:
     environment = {key: value for key, value in os.environ.items() if not key.startswith("RESQ_")}
+    return {**environment, **variables}
+
+
+def run_compose_config(
+    compose_file: Path, **variables: str
+) -> subprocess.CompletedProcess[str] | ConfigResult:
+    """``compose config`` of ``compose_file`` with ``.env.example`` and ``variables`` (no other RESQ_*).
+
+    With no compose installed, the same in Python (:mod:`tests.support.compose`): interpolated
+    the same way and validated against the Compose Specification's schema.
+    """
+    command = compose_command()
+    if command is None:
+        return python_compose_config(
+            compose_file, {**read_env_file(ENV_EXAMPLE), **_environment(**variables)}
+        )
     return subprocess.run(
-        [*compose_command(), "--env-file", str(ENV_EXAMPLE), "-f", str(compose_file), "config"],
+        [*command, "--env-file", str(ENV_EXAMPLE), "-f", str(compose_file), "config"],
         cwd=ROOT,
-        env={**environment, **variables},
+        env=_environment(**variables),
         capture_output=True,
         text=True,
         timeout=120,
@@ -158,3 +177,48 @@ def test_optional_services_sit_behind_profiles() -> None:
     assert services["flower"]["profiles"] == ["flower"]
     assert services["prometheus"]["profiles"] == ["monitoring"]
     assert not any("profiles" in services[name] for name in ("redis", *RESQ_SERVICES))
+
+
+@pytest.mark.parametrize("compose_file", [COMPOSE_FILE, GPU_HOST_FILE], ids=lambda path: path.name)
+def test_the_python_validator_agrees_with_compose(compose_file: Path) -> None:
+    """The fallback accepts what compose accepts, resolves the same values, and refuses what it refuses."""
+    variables = {"RESQ_REDIS_URL": "redis://main-host:6379/0", "RESQ_MAX_BATCH": "7"}
+    environment = {**read_env_file(ENV_EXAMPLE), **_environment(**variables)}
+    result = python_compose_config(compose_file, environment)
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    if compose_command() is not None:
+        assert set(services) == set(compose_config(compose_file, **variables)["services"])
+    worker = services["gpu-worker" if compose_file == COMPOSE_FILE else "gpu-worker-0"]
+    assert str(worker["environment"]["RESQ_MAX_BATCH"]) == "7"
+    assert worker["environment"]["RESQ_REDIS_URL"] == "redis://main-host:6379/0"
+
+
+def test_the_python_validator_refuses_what_the_schema_refuses(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yml"
+    bad.write_text("services:\n  api:\n    image: x\n    restart_policy: always\n")  # not a service key
+    result = python_compose_config(bad, {})
+    assert result.returncode != 0 and "restart_policy" in result.stderr
+    missing = tmp_path / "missing.yml"
+    missing.write_text("services:\n  api:\n    image: ${IMAGE:?set IMAGE}\n")
+    refused = python_compose_config(missing, {})
+    assert refused.returncode != 0 and "set IMAGE" in refused.stderr
+    assert python_compose_config(missing, {"IMAGE": "x$$y"}).returncode == 0
+
+
+def test_interpolation_follows_compose() -> None:
+    environment = {"SET": "v", "EMPTY": ""}
+    cases = {
+        "${SET}": "v",
+        "$SET-x": "v-x",
+        "${UNSET:-d}": "d",
+        "${EMPTY:-d}": "d",
+        "${EMPTY-d}": "",
+        "${UNSET-d}": "d",
+        "$${SET}": "${SET}",
+        "${SET:?no}": "v",
+    }
+    for text, expected in cases.items():
+        assert interpolate(text, environment) == expected, text
+    with pytest.raises(InterpolationError):
+        interpolate("${EMPTY:?needed}", environment)
