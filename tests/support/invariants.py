@@ -54,10 +54,13 @@ def check_stream(
         expected_head = ["response.created", "response.queued"] if background else ["response.created"]
         assert types[: len(expected_head)] == expected_head, types[:3]
         in_progress_at = len(expected_head)
-        # A response that ends before generation starts (cancelled while queued, or failed
-        # because no GPU worker took it) has no `response.in_progress`.
-        never_started = types[-1] in ("response.incomplete", "response.failed")
-        if not never_started or types[in_progress_at] == "response.in_progress":
+        # Only a response that ends before generation starts (cancelled while queued, or failed
+        # because no GPU worker took it) has no `response.in_progress`: then nothing but its
+        # terminal event follows the head. Every other stream, whatever its end, has it next.
+        never_started = types[-1] in ("response.incomplete", "response.failed") and len(types) == (
+            in_progress_at + 1
+        )
+        if not never_started:
             assert types[in_progress_at] == "response.in_progress", types[:4]
 
     terminal_positions = [index for index, kind in enumerate(types) if kind in TERMINAL]
