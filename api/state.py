@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
+import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from celery import Celery
 from redis import Redis
@@ -32,6 +36,15 @@ from resq.settings import Settings
 
 log = logging.getLogger(__name__)
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _prompt_threads() -> int:
+    """Threads that render and tokenize prompts: at most 4, and one core left to the event loop."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(4, cores - 1))
+
 
 @dataclass
 class AppState:
@@ -54,6 +67,11 @@ class AppState:
     publisher_pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=4, thread_name_prefix="celery-publish")
     )
+    # A few MB of input take seconds to render and tokenize: never on the event loop, and on
+    # a bounded pool, so that hostile requests queue behind each other, not behind every stream.
+    prompt_pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=_prompt_threads(), thread_name_prefix="prompt")
+    )
 
     @classmethod
     def build(cls, settings: Settings) -> AppState:
@@ -75,7 +93,7 @@ class AppState:
         return cls(
             settings=settings,
             redis=redis,
-            catalog=AsyncModelCatalog(redis),
+            catalog=AsyncModelCatalog(redis, settings.worker_ttl_s),
             store=ResponseStore(redis, settings.transient_ttl_s),
             celery=celery,
             inline=inline,
@@ -91,6 +109,14 @@ class AppState:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(
             self.publisher_pool, lambda: self.celery.send_task(name, kwargs=kwargs, queue=queue)
+        )
+
+    async def off_loop(self, function: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """``function(*args, **kwargs)`` on the prompt pool, in this task's context (log tags)."""
+        loop = asyncio.get_running_loop()
+        context = contextvars.copy_context()
+        return await loop.run_in_executor(
+            self.prompt_pool, functools.partial(context.run, function, *args, **kwargs)
         )
 
     async def track_for_recovery(self, response_id: str) -> bool:
@@ -127,6 +153,7 @@ class AppState:
         if self.inline is not None:
             self.inline.close()
         self.publisher_pool.shutdown(wait=False)
+        self.prompt_pool.shutdown(wait=False, cancel_futures=True)
         self.reaper_redis.close()
         await EventHub.close_for(self.redis)
         await self.redis.aclose()

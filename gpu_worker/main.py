@@ -20,7 +20,7 @@ from gpu_worker.publisher import TokenPublisher
 from gpu_worker.service import GenerationService
 from gpu_worker.shutdown import WorkRelease
 from resq import keys
-from resq.catalog import ModelCard, register_model
+from resq.catalog import ModelCard, mark_served, register_model
 from resq.celery_app import make_celery
 from resq.heartbeat import Heartbeat, new_worker_id
 from resq.logs import response_context
@@ -48,6 +48,7 @@ def register_generate_task(app: Celery, service: GenerationService) -> None:
 def _watch_engine(publisher: TokenPublisher) -> None:
     # A dead engine cannot recover in-process: stop the worker so its supervisor
     # (compose, systemd, `resq up`) restarts it, instead of accepting jobs it cannot run.
+    # The publisher has handed the engine's requests back by then, for other workers to resume.
     while publisher.fatal_error is None:
         time.sleep(1.0)
     log.error("generation engine failed (%s); shutting the GPU worker down", publisher.fatal_error)
@@ -66,7 +67,13 @@ def run(settings: Settings) -> None:
     engine.start()
     generations = Generations(redis, settings.transient_ttl_s)
     app = make_celery(settings)
-    publisher = TokenPublisher(redis, engine, generations, dispatch=lambda rid: send_generation(app, rid))
+    publisher = TokenPublisher(
+        redis,
+        engine,
+        generations,
+        dispatch=lambda rid: send_generation(app, rid),
+        max_losses=settings.gpu_max_losses,
+    )
     publisher.start()
     metrics.watch_engine(lambda: publisher.active_count, settings.max_batch)
     serve_worker_metrics(settings)
@@ -129,6 +136,11 @@ def run(settings: Settings) -> None:
 
 
 def _ensure_registered(redis: Redis, card: ModelCard, tokenizer_json: str) -> None:
-    if not redis.hexists(keys.MODELS, card.name):
-        log.warning("model %r was not registered in Redis (restarted?); registering it again", card.name)
+    # Every beat: the card the hash holds must be this worker's (another worker, or an
+    # earlier run of this one with another model, may have written it), and it is served now.
+    registered = redis.hget(keys.MODELS, card.name)
+    if registered is None or not ModelCard.model_validate_json(registered).renders_like(card):
+        log.warning("model card %r in Redis is missing or another's; registering this worker's", card.name)
         register_model(redis, card, tokenizer_json)
+    else:
+        mark_served(redis, card.name)

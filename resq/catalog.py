@@ -25,7 +25,8 @@ from tokenizers.decoders import DecodeStream
 
 from resq import keys
 from resq.chat_template import render_chat
-from resq.redis_types import optional_bytes
+from resq.prompt_tokens import PromptEncoder
+from resq.redis_types import optional_bytes, scored_members
 
 CARD_REFRESH_S = 5.0
 """How long a process trusts its cached copy of a model card before re-reading it."""
@@ -52,6 +53,12 @@ class ModelCard(BaseModel):
     """Whether the GPU worker constrains decoding to grammars (``RESQ_STRUCTURED_OUTPUTS``)."""
     penalties: bool = False
     """Whether the GPU worker applies ``presence_penalty`` / ``frequency_penalty`` (not in a CUDA graph)."""
+
+    def renders_like(self, other: ModelCard) -> bool:
+        """Whether ``other`` is the same model as far as a prompt goes (weights' source, tokenizer,
+        template, context): what must match before a worker may serve requests rendered for it."""
+        fields = ("source", "tokenizer_sha256", "chat_template", "context_length", "eos_token_ids")
+        return all(getattr(self, name) == getattr(other, name) for name in fields)
 
 
 @dataclass
@@ -81,8 +88,29 @@ class TextTokenizer:
         )
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of rendered prompt text (the template already placed special tokens)."""
+        """Token ids of server text: every special and added token in it is a control token."""
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def prompt_ids(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        extra_context: dict[str, Any] | None = None,
+        max_tokens: int | None = None,
+    ) -> list[int]:
+        """Token ids of the prompt for ``messages``: the template's markup as control tokens, every
+        string of ``messages`` and ``tools`` as text (:mod:`resq.prompt_tokens`).
+
+        Raises :class:`resq.prompt_tokens.PromptTooLongError`, without tokenizing, when the rendered
+        prompt must have more than ``max_tokens`` tokens.
+        """
+        return self._prompt_encoder.prompt_ids(
+            lambda chat, offered: self.render(chat, offered, extra_context), messages, tools, max_tokens
+        )
+
+    @cached_property
+    def _prompt_encoder(self) -> PromptEncoder:
+        return PromptEncoder(self.tokenizer)
 
     def decode(self, token_ids: list[int]) -> str:
         """Text of ``token_ids``, special tokens skipped (for tests and logs)."""
@@ -165,11 +193,22 @@ def tokenizer_sha256(tokenizer_json: str) -> str:
 
 
 def register_model(redis: Redis, card: ModelCard, tokenizer_json: str) -> None:
-    """Publish a model card and its tokenizer (GPU worker, at start-up)."""
+    """Publish a model card and its tokenizer, and mark it served now (GPU worker, at start-up)."""
     pipe = redis.pipeline(transaction=True)
     pipe.set(keys.tokenizer(card.tokenizer_sha256), tokenizer_json)
     pipe.hset(keys.MODELS, card.name, card.model_dump_json())
+    pipe.zadd(keys.MODELS_SERVED, {card.name: time.time()})
     pipe.execute()
+
+
+def mark_served(redis: Redis, name: str) -> None:
+    """Say that a GPU worker serves model ``name`` now (each heartbeat): its card stays listed."""
+    redis.zadd(keys.MODELS_SERVED, {name: time.time()})
+
+
+def served_now(last_beat: float | None, served_within_s: float, now: float | None = None) -> bool:
+    """Whether a model whose serving worker last beat at ``last_beat`` counts as served."""
+    return last_beat is not None and (time.time() if now is None else now) - last_beat <= served_within_s
 
 
 @dataclass
@@ -215,19 +254,31 @@ class ModelCatalog:
 
 
 class AsyncModelCatalog:
-    """The same catalog for the API's event loop."""
+    """The catalog the API serves from: only models a live GPU worker serves now.
 
-    def __init__(self, redis: AsyncRedis) -> None:
+    A card outlives the worker that registered it (a restart with another model leaves it in
+    the hash); it counts only while some GPU worker serving it beat within ``served_within_s``
+    (:data:`resq.keys.MODELS_SERVED`), so ``/v1/models`` lists what is served now and a request
+    naming a model no worker serves is a 404, never rendered with a stale tokenizer.
+    """
+
+    def __init__(self, redis: AsyncRedis, served_within_s: float) -> None:
         self._redis = redis
+        self._served_within_s = served_within_s
         self._entries: dict[str, _Entry] = {}
 
     async def get(self, name: str) -> TextTokenizer | None:
-        """The tokenizer of model ``name``, or None when no GPU worker registered it."""
+        """The tokenizer of model ``name``, or None when no live GPU worker serves it."""
         cached = self._entries.get(name)
         if cached is not None and time.monotonic() - cached.fetched_at < CARD_REFRESH_S:
             return cached.tokenizer
-        card_json = optional_bytes(await self._redis.hget(keys.MODELS, name))
-        if card_json is None:
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hget(keys.MODELS, name)
+        pipe.zscore(keys.MODELS_SERVED, name)
+        raw_card, last_beat = await pipe.execute()
+        card_json = optional_bytes(raw_card)
+        if card_json is None or not served_now(last_beat, self._served_within_s):
+            self._entries.pop(name, None)
             return None
         card = ModelCard.model_validate_json(card_json)
         tokenizer_json: bytes | None = None
@@ -240,9 +291,18 @@ class AsyncModelCatalog:
         return entry.tokenizer
 
     async def cards(self) -> list[ModelCard]:
-        """Every registered model card."""
-        raw = cast(dict[bytes, bytes], await self._redis.hgetall(keys.MODELS))
-        return [ModelCard.model_validate_json(value) for value in raw.values()]
+        """The cards of the models a live GPU worker serves now."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hgetall(keys.MODELS)
+        pipe.zrange(keys.MODELS_SERVED, 0, -1, withscores=True)
+        raw, beats = await pipe.execute()
+        last_beats = {name.decode(): score for name, score in scored_members(beats)}
+        now = time.time()
+        return [
+            ModelCard.model_validate_json(value)
+            for name, value in cast(dict[bytes, bytes], raw).items()
+            if served_now(last_beats.get(name.decode()), self._served_within_s, now)
+        ]
 
 
 def card_to_openai_model(card: ModelCard) -> dict[str, Any]:
@@ -256,6 +316,8 @@ __all__ = [
     "ModelCatalog",
     "TextTokenizer",
     "card_to_openai_model",
+    "mark_served",
     "register_model",
+    "served_now",
     "tokenizer_sha256",
 ]

@@ -28,6 +28,9 @@ POSTPROCESS_TASK = "resq.postprocess"
 MODELS = f"{PREFIX}:models"
 """Hash: served model name -> JSON model card (without the tokenizer)."""
 
+MODELS_SERVED = f"{PREFIX}:models:served"
+"""Sorted set: model name -> unix time a GPU worker serving it last beat (cards expire with it)."""
+
 GPU_WORKERS = f"{PREFIX}:workers:gpu"
 """Sorted set: GPU worker id -> unix time of its last heartbeat."""
 

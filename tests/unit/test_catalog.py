@@ -1,0 +1,85 @@
+"""Model cards expire with their workers: /v1/models and requests see only what is served now."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from redis.asyncio import Redis as AsyncRedis
+
+from resq import keys
+from resq.catalog import AsyncModelCatalog, ModelCard, mark_served, register_model, served_now
+from tests.support.redis_server import PrivateRedis
+from tests.support.tokenizer import tiny_tokenizer
+
+SERVED_WITHIN_S = 10.0
+
+
+@pytest.fixture(scope="module")
+def private_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateRedis]:
+    server = PrivateRedis(Path(tmp_path_factory.mktemp("catalog-redis")))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def card(name: str, **fields: object) -> ModelCard:
+    values: dict[str, object] = {
+        "name": name,
+        "context_length": 1024,
+        "chat_template": "{{ messages }}",
+        "special_tokens": {},
+        "eos_token_ids": [0],
+        "tokenizer_sha256": "sha",
+        "created": 1,
+        "source": "/models/a",
+    }
+    return ModelCard.model_validate({**values, **fields})
+
+
+def _lookup(url: str, name: str) -> tuple[bool, list[str]]:
+    async def run() -> tuple[bool, list[str]]:
+        client = AsyncRedis.from_url(url)
+        try:
+            catalog = AsyncModelCatalog(client, SERVED_WITHIN_S)
+            return await catalog.get(name) is not None, [c.name for c in await catalog.cards()]
+        finally:
+            await client.aclose()
+
+    return asyncio.run(run())
+
+
+def test_a_card_counts_only_while_a_worker_serving_it_beats(private_redis: PrivateRedis) -> None:
+    client: redis.Redis = private_redis.client()
+    client.flushdb()
+    register_model(client, card("live"), tiny_tokenizer().tokenizer.to_str())
+    register_model(client, card("stale"), tiny_tokenizer().tokenizer.to_str())
+    # The worker of "stale" stopped beating long ago (or restarted with another model).
+    client.zadd(keys.MODELS_SERVED, {"stale": time.time() - 3 * SERVED_WITHIN_S})
+    assert _lookup(private_redis.url, "live") == (True, ["live"])
+    assert _lookup(private_redis.url, "stale")[0] is False
+    # A worker serving it again brings it back.
+    mark_served(client, "stale")
+    found, listed = _lookup(private_redis.url, "stale")
+    assert found and sorted(listed) == ["live", "stale"]
+
+
+def test_a_card_without_any_beat_is_not_served(private_redis: PrivateRedis) -> None:
+    client: redis.Redis = private_redis.client()
+    client.flushdb()
+    client.hset(keys.MODELS, "orphan", card("orphan").model_dump_json())  # written by an old version
+    assert _lookup(private_redis.url, "orphan") == (False, [])
+
+
+def test_served_now_and_renders_like() -> None:
+    assert served_now(100.0, 10.0, now=105.0) and not served_now(100.0, 10.0, now=111.0)
+    assert not served_now(None, 10.0)
+    assert card("m").renders_like(card("m", created=5, logprobs=True))  # start time, capabilities
+    assert not card("m").renders_like(card("m", source="/models/b"))
+    assert not card("m").renders_like(card("m", chat_template="other"))
