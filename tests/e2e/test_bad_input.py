@@ -243,11 +243,18 @@ CASES = [
     Case("truncation_auto", 400, "unsupported_parameter", "truncation", json=body(truncation="auto")),
     Case("conversation", 400, "unsupported_parameter", "conversation", json=body(conversation="conv_1")),
     Case(
-        "builtin_tool",
+        "unknown_tool_type",
+        400,
+        "invalid_value",
+        "tools[0].type",
+        json=body(tools=[{"type": "teleport"}]),
+    ),
+    Case(
+        "hosted_tool_choice",
         400,
         "unsupported_parameter",
-        "tools[0].type",
-        json=body(tools=[{"type": "web_search"}]),
+        "tool_choice.type",
+        json=body(tools=[{"type": "web_search"}], tool_choice={"type": "web_search"}),
     ),
     Case("tool_choice_without_tools", 400, "invalid_value", "tool_choice", json=body(tool_choice="required")),
     Case(
