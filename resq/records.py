@@ -95,3 +95,71 @@ else
 end
 return status
 """
+
+EVENT_LOG_LENGTH_LUA: Final = """
+-- The number of events in an event log (its top entry's id is 0-<that number>), -1 when it is gone.
+local function event_log_length(key)
+  local top = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
+  if #top == 0 then
+    if redis.call('EXISTS', key) == 0 then
+      return -1
+    end
+    return 0
+  end
+  local id = top[1][1]
+  return tonumber(string.sub(id, string.find(id, '-', 1, true) + 1))
+end
+"""
+"""A Lua prelude: ``event_log_length(key)`` (event ids are ``0-<sequence_number + 1>``)."""
+
+FAIL_LUA: Final = (
+    EVENT_LOG_LENGTH_LUA
+    + """
+-- KEYS: events, record, input, cancel flag
+-- ARGV[1] sequence number of the first event; ARGV[2] the most events the log may hold for this
+-- call to go ahead; ARGV[3] n, the events before the terminal one; ARGV[4 .. 3+2n] their type/data
+-- pairs; then: TTL of what stays, TTL of the cancel flag, and for 'failed' then 'cancelled' the
+-- Response JSON, the terminal event's type and its data.
+-- A post-processor that gives up on a response ends it in one step: the events still missing, the
+-- closing events, the terminal event and the final record together, or nothing (under OOM the
+-- first write is refused, and with it the rest). A takeover then finds either a response to go
+-- on with or a finished one; never a terminal event without its record, nor a gap.
+-- Returns {outcome, events logged before}: outcome 'failed' or 'cancelled' (what it ended as),
+-- 'missing', 'final' (another post-processor finished it), 'moved' (the log does not end where
+-- the caller thinks: it lost events, or another post-processor logged further).
+local count = event_log_length(KEYS[1])
+local status = redis.call('HGET', KEYS[2], 'status')
+if count < 0 or not status then
+  return {'missing', count}
+end
+if redis.call('HGET', KEYS[2], 'final') == '1' then
+  return {'final', count}
+end
+local first = tonumber(ARGV[1])
+if count < first or count > tonumber(ARGV[2]) then
+  return {'moved', count}
+end
+local n = tonumber(ARGV[3])
+local at = 4 + 2 * n
+local ttl = tonumber(ARGV[at])
+local outcome, variant = 'failed', at + 2
+if status == 'cancelled' then
+  outcome, variant = 'cancelled', at + 5
+end
+for index = 0, n - 1 do
+  if first + index >= count then
+    redis.call('XADD', KEYS[1], '0-' .. (first + index + 1), 'type', ARGV[4 + 2 * index], 'data', ARGV[5 + 2 * index])
+  end
+end
+redis.call('XADD', KEYS[1], '0-' .. (first + n + 1), 'type', ARGV[variant + 1], 'data', ARGV[variant + 2])
+redis.call('HSET', KEYS[2], 'status', outcome, 'response', ARGV[variant], 'final', '1')
+redis.call('EXPIRE', KEYS[2], ttl)
+redis.call('EXPIRE', KEYS[1], ttl)
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  redis.call('EXPIRE', KEYS[3], ttl)
+end
+-- The GPU worker may still be generating: stop it, as a cancel does.
+redis.call('SET', KEYS[4], '1', 'EX', tonumber(ARGV[at + 1]))
+return {outcome, count}
+"""
+)

@@ -5,7 +5,10 @@ Tokens travel through the response's Redis stream (``keys.tokens``); each entry
 is one of three kinds:
 
 - ``start``: the engine admitted the request (carries the prompt length);
-- ``tokens``: token ids produced since the previous entry (and their logprobs);
+- ``tokens``: token ids produced since the previous entry (and their logprobs), with
+  ``start``, the position of the first of them in the generated output: a reader goes
+  by position, so a stream that moved back in time (Redis lost its last writes, a GPU
+  worker regenerated them) is never read twice;
 - ``finish``: the last entry, with ``finish_reason`` and the token counts.
 """
 
@@ -60,6 +63,9 @@ class TokensEntry:
 
     token_ids: list[int]
     logprobs: list[float] | None = None
+    start: int | None = None
+    """How many tokens of the output precede these (the first one's position); None in
+    entries of GPU workers older than the field (a reader then trusts the stream's order)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +87,8 @@ def encode_entry(entry: TokenStreamEntry) -> StreamFields:
         fields: StreamFields = {"type": "tokens", "ids": jsonutil.dumps(entry.token_ids)}
         if entry.logprobs is not None:
             fields["logprobs"] = jsonutil.dumps(entry.logprobs)
+        if entry.start is not None:
+            fields["start"] = entry.start
         return fields
     if isinstance(entry, StartEntry):
         return {"type": "start", "prompt_tokens": entry.prompt_tokens}
@@ -100,9 +108,11 @@ def decode_entry(fields: dict[bytes, bytes]) -> TokenStreamEntry:
     kind = fields[b"type"]
     if kind == b"tokens":
         logprobs = fields.get(b"logprobs")
+        start = fields.get(b"start")
         return TokensEntry(
             token_ids=jsonutil.loads(fields[b"ids"]),
             logprobs=jsonutil.loads(logprobs) if logprobs is not None else None,
+            start=int(start) if start is not None else None,
         )
     if kind == b"start":
         return StartEntry(prompt_tokens=int(fields[b"prompt_tokens"]))

@@ -5,6 +5,20 @@ ownership, like TensorRT-LLM's post-process workers). It can be re-run on the
 same response at any time: it rebuilds its state from the token stream and
 skips the events already logged, so a worker that dies mid-stream loses
 nothing and duplicates nothing when another one takes over.
+
+Redis may also lose its latest writes (``appendfsync everysec`` and a crash) or
+refuse writes (out of memory under ``noeviction``):
+
+- the token stream is read by position (:mod:`resq.postprocess.positions`): tokens
+  the GPU worker regenerated after a loss are not read twice;
+- the event log is written by :class:`~resq.postprocess.event_log.EventLogWriter`:
+  events the log lost are appended again as they were, and when they cannot be,
+  the whole state is rebuilt from the token stream (:class:`LogRewoundError`);
+- a write Redis keeps refusing fails the response cleanly (the events not logged,
+  the open items closed ``incomplete``, ``response.failed`` with ``server_error`` and
+  the final record, in one step); when even that is refused the call raises, its
+  lease lapses and a takeover carries on once Redis accepts writes again. In no case
+  is an event logged after a missing one.
 """
 
 from __future__ import annotations
@@ -14,7 +28,6 @@ from collections.abc import Callable
 from typing import Any
 
 from redis import Redis
-from redis.exceptions import ResponseError
 
 from resq import item_index, jsonutil, keys
 from resq.catalog import ModelCatalog
@@ -22,49 +35,30 @@ from resq.events import types
 from resq.events.emitter import EncodedEvent, EventEmitter
 from resq.options import ProcessingOptions
 from resq.postprocess import metrics
+from resq.postprocess.event_log import (
+    Backoff,
+    Ending,
+    EventLogWriter,
+    LogRewoundError,
+    RedisRefusedError,
+    retrying,
+)
+from resq.postprocess.positions import ConsumedTokens, TokenGapError, TokensRewrittenError
 from resq.postprocess.processor import Finished, ResponseProcessor
 from resq.records import FINALIZE_LUA, MARK_IN_PROGRESS_LUA
 from resq.redis_types import optional_text, range_entries, stream_entries
 from resq.sealed import sealer_from_settings
 from resq.settings import Settings
-from resq.wire import FinishEntry, StartEntry, decode_entry
+from resq.wire import FinishEntry, StartEntry, TokensEntry, decode_entry
 
 log = logging.getLogger(__name__)
 
 READ_BLOCK_MS = 1000
 READ_COUNT = 512
-
-
-class EventLogWriter:
-    """Appends events with their explicit ids, skipping those already logged."""
-
-    def __init__(self, redis: Redis, response_id: str, already_logged: int) -> None:
-        self._redis = redis
-        self._key = keys.events(response_id)
-        self._skip_below = already_logged
-
-    def append(self, events: list[EncodedEvent]) -> None:
-        """Log ``events`` in one round trip."""
-        fresh = [event for event in events if event.sequence_number >= self._skip_below]
-        if not fresh:
-            return
-        pipe = self._redis.pipeline(transaction=False)
-        for event in fresh:
-            # NOMKSTREAM: the API creates the log with `response.created`; a log that is
-            # missing was deleted (DELETE) and must not come back without a TTL.
-            pipe.xadd(
-                self._key,
-                {"type": event.type, "data": event.data},
-                id=keys.event_entry_id(event.sequence_number),
-                nomkstream=True,
-            )
-        for result in pipe.execute(raise_on_error=False):
-            if isinstance(result, ResponseError):
-                # Redis refused an id at or below the last one: another post-processor
-                # already logged this event. Exactly-once holds; nothing to do.
-                log.warning("event already logged for %s: %s", self._key, result)
-        self._skip_below = fresh[-1].sequence_number + 1
-        metrics.note_events_logged(len(fresh))
+MAX_REBUILDS = 3
+"""Rebuilds from the token stream after the event log went back in time, per call."""
+WRITE_BACKOFF = Backoff()
+"""How a refused write is retried (about 5 s in all) before the response fails."""
 
 
 def _logged_state(redis: Redis, response_id: str) -> tuple[int, bool]:
@@ -77,17 +71,20 @@ def _logged_state(redis: Redis, response_id: str) -> tuple[int, bool]:
 
 
 def _finalize(redis: Redis, response_id: str, finished: Finished, ttl_s: int) -> tuple[str, bytes]:
-    status, stored = redis.eval(
-        FINALIZE_LUA,
-        3,
-        keys.record(response_id),
-        keys.events(response_id),
-        keys.input_items(response_id),
-        finished.status,
-        finished.response_json,
-        ttl_s,
-    )
-    return status.decode(), stored
+    def write() -> tuple[str, bytes]:
+        status, stored = redis.eval(
+            FINALIZE_LUA,
+            3,
+            keys.record(response_id),
+            keys.events(response_id),
+            keys.input_items(response_id),
+            finished.status,
+            finished.response_json,
+            ttl_s,
+        )
+        return status.decode(), stored
+
+    return retrying(write, f"the final Response of {response_id}", WRITE_BACKOFF)
 
 
 def _fail_before_processing(
@@ -99,7 +96,7 @@ def _fail_before_processing(
     if status == "missing":
         return status
     emitter = EventEmitter(first_number)
-    EventLogWriter(redis, response_id, first_number).append(
+    EventLogWriter(redis, response_id, first_number, WRITE_BACKOFF).append(
         [emitter.emit_with_response_json(types.TERMINAL_BY_STATUS[status], stored)]
     )
     return status
@@ -119,7 +116,9 @@ def run_postprocess(
     """Post-process ``response_id`` to its terminal event; returns its final status.
 
     ``keep_going`` is asked between reads: when it turns false (this process lost its
-    lease on the response) the call stops and returns :data:`HANDED_OVER`.
+    lease on the response) the call stops and returns :data:`HANDED_OVER`. Raises
+    :class:`RedisRefusedError` when Redis refused every write, the failure included
+    (nothing half-written: a takeover goes on later).
     """
     created_json, options_json, store_flag, owner = redis.hmget(
         keys.record(response_id), "created", "options", "store", "owner"
@@ -131,78 +130,204 @@ def run_postprocess(
     created = jsonutil.loads(created_json)
     ttl_s = settings.store_ttl_s if store_flag == b"1" else settings.transient_ttl_s
 
-    already_logged, done = _logged_state(redis, response_id)
-    if done:
-        redis.delete(keys.tokens(response_id))
-        return "done"
-
-    tokenizer = catalog.get(options.model)
-    if tokenizer is None:
-        return _fail_before_processing(
+    for rebuild in range(MAX_REBUILDS + 1):
+        already_logged, done = _logged_state(redis, response_id)
+        if done:
+            redis.delete(keys.tokens(response_id))
+            return "done"
+        tokenizer = catalog.get(options.model)
+        if tokenizer is None:
+            return _fail_before_processing(
+                redis,
+                response_id,
+                created,
+                max(already_logged, options.first_sequence_number),
+                f"The model {options.model!r} is no longer served.",
+                ttl_s,
+            )
+        processor = ResponseProcessor(
+            response_id, created, tokenizer, options, sealer_from_settings(settings)
+        )
+        run = _Run(
             redis,
             response_id,
-            created,
-            max(already_logged, options.first_sequence_number),
-            f"The model {options.model!r} is no longer served.",
+            processor,
+            EventLogWriter(redis, response_id, already_logged, WRITE_BACKOFF),
             ttl_s,
+            settings.transient_ttl_s,
+            optional_text(owner) if store_flag == b"1" else None,
+        )
+        try:
+            return run.run(keep_going)
+        except LogRewoundError as rewound:
+            # Redis lost events of the log that this writer no longer has: start over from the
+            # token stream, which the processor turns into the same events again.
+            log.warning("the event log of %s went back in time (%s); rebuilding", response_id, rewound)
+            if rebuild == MAX_REBUILDS:
+                raise
+    raise AssertionError("unreachable")
+
+
+class _Run:
+    """One pass over the token stream with one processor (a rebuild starts a new one)."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        response_id: str,
+        processor: ResponseProcessor,
+        writer: EventLogWriter,
+        ttl_s: int,
+        cancel_flag_ttl_s: int,
+        index_owner: str | None,
+    ) -> None:
+        self._redis = redis
+        self._response_id = response_id
+        self._processor = processor
+        self._writer = writer
+        self._ttl_s = ttl_s
+        self._cancel_flag_ttl_s = cancel_flag_ttl_s
+        self._index_owner = index_owner
+        self._consumed = ConsumedTokens()
+        self._prompt_tokens = 0
+
+    def run(self, keep_going: Callable[[], bool] | None) -> str:
+        response_id = self._response_id
+        processor = self._processor
+        tokens_key = keys.tokens(response_id)
+        last_id: bytes | str = "0-0"
+        gap_retried_at: int | None = None
+        while True:
+            if keep_going is not None and not keep_going():
+                log.warning("post-processing of %s was taken over by another post-processor", response_id)
+                return HANDED_OVER
+            entries = stream_entries(
+                self._redis.xread({tokens_key: last_id}, count=READ_COUNT, block=READ_BLOCK_MS)
+            )
+            if not entries:
+                if not self._redis.exists(keys.record(response_id)):
+                    log.info("response %s was deleted while in flight", response_id)
+                    return "missing"
+                continue
+            events: list[EncodedEvent] = []
+            started = False
+            failure: str | None = None
+            for entry_id, fields in entries:
+                last_id = entry_id
+                entry = decode_entry(fields)
+                try:
+                    if isinstance(entry, TokensEntry):
+                        fresh = self._consumed.take(entry)
+                        if fresh is None:
+                            continue  # read before: the stream went back in time
+                        entry = fresh
+                    elif isinstance(entry, FinishEntry):
+                        self._consumed.check_finish(entry)
+                except TokenGapError as gap:
+                    if gap_retried_at == gap.consumed or not self._consumed.all_placed:
+                        failure = f"The token stream lost tokens: {gap}."
+                        break
+                    # The missing tokens are in the stream below the cursor: read it again.
+                    log.warning("token stream of %s: %s; reading it again from the start", response_id, gap)
+                    gap_retried_at, last_id = gap.consumed, "0-0"
+                    break
+                except TokensRewrittenError as rewritten:
+                    failure = f"The token stream was rewritten after a Redis data loss: {rewritten}."
+                    break
+                if isinstance(entry, StartEntry):
+                    started = True
+                    self._prompt_tokens = entry.prompt_tokens
+                events += processor.on_entry(entry)
+                if isinstance(entry, FinishEntry):
+                    break
+            try:
+                if started:
+                    self._mark_in_progress()
+                self._writer.append(events)
+            except RedisRefusedError as refused:
+                log.error("%s; failing %s", refused, response_id)
+                return self._give_up(events, "The server could not record the response's events.", refused)
+            metrics.note_batch_logged(entries[0][0])
+            if failure is not None:
+                log.error("%s: %s", response_id, failure)
+                return self._give_up([], failure, None)
+            if processor.finish is not None:
+                return self._complete()
+
+    def _mark_in_progress(self) -> None:
+        retrying(
+            lambda: self._redis.eval(
+                MARK_IN_PROGRESS_LUA,
+                1,
+                keys.record(self._response_id),
+                jsonutil.dumps(self._processor.in_progress_response()),
+            ),
+            f"the in-progress record of {self._response_id}",
+            WRITE_BACKOFF,
         )
 
-    processor = ResponseProcessor(response_id, created, tokenizer, options, sealer_from_settings(settings))
-    writer = EventLogWriter(redis, response_id, already_logged)
-    tokens_key = keys.tokens(response_id)
-    last_id: bytes | str = "0-0"
-    while True:
-        if keep_going is not None and not keep_going():
-            log.warning("post-processing of %s was taken over by another post-processor", response_id)
-            return HANDED_OVER
-        entries = stream_entries(redis.xread({tokens_key: last_id}, count=READ_COUNT, block=READ_BLOCK_MS))
-        if not entries:
-            if not redis.exists(keys.record(response_id)):
-                log.info("response %s was deleted while in flight", response_id)
-                return "missing"
-            continue
-        events: list[EncodedEvent] = []
-        for entry_id, fields in entries:
-            last_id = entry_id
-            entry = decode_entry(fields)
-            if isinstance(entry, StartEntry):
-                redis.eval(
-                    MARK_IN_PROGRESS_LUA,
-                    1,
-                    keys.record(response_id),
-                    jsonutil.dumps(processor.in_progress_response()),
-                )
-            events += processor.on_entry(entry)
-            if isinstance(entry, FinishEntry):
-                break
-        writer.append(events)
-        metrics.note_batch_logged(entries[0][0])
-        if processor.finish is not None:
-            index_owner = optional_text(owner) if store_flag == b"1" else None
-            return _complete(redis, response_id, processor, writer, ttl_s, index_owner)
-
-
-def _complete(
-    redis: Redis,
-    response_id: str,
-    processor: ResponseProcessor,
-    writer: EventLogWriter,
-    ttl_s: int,
-    index_owner: str | None,
-) -> str:
-    # The store is written FIRST, then the terminal event: a client that sees the
-    # terminal event can always GET the final Response (and reference its items).
-    finished = processor.final_response()
-    status, stored = _finalize(redis, response_id, finished, ttl_s)
-    if status == "cancelled" and finished.status != "cancelled":
-        status, stored = _finalize(redis, response_id, processor.final_response("cancelled"), ttl_s)
-    if status == "missing":
+    def _complete(self) -> str:
+        # The store is written FIRST, then the terminal event: a client that sees the
+        # terminal event can always GET the final Response (and reference its items).
+        redis, response_id, processor = self._redis, self._response_id, self._processor
+        finished = processor.final_response()
+        status, stored = _finalize(redis, response_id, finished, self._ttl_s)
+        if status == "cancelled" and finished.status != "cancelled":
+            status, stored = _finalize(redis, response_id, processor.final_response("cancelled"), self._ttl_s)
+        if status == "missing":
+            return status
+        self._index_output(stored)
+        self._writer.append([processor.terminal_event(status, stored)])
+        redis.delete(keys.tokens(response_id))
         return status
-    if index_owner is not None:
-        pipe = redis.pipeline(transaction=False)
+
+    def _give_up(self, unlogged: list[EncodedEvent], message: str, cause: RedisRefusedError | None) -> str:
+        """End the response ``failed`` (``server_error``) right after the events logged so far."""
+        processor = self._processor
+        if processor.finish is not None or processor.next_sequence_number < self._writer.already_logged:
+            # Finished already (a takeover completes it), or still re-emitting what another
+            # post-processor logged (its events are not this processor's to close): leave it.
+            if cause is not None:
+                raise cause
+            raise RuntimeError(message)
+        closing = processor.on_entry(FinishEntry("error", self._prompt_tokens, self._consumed.count, message))
+        failed = processor.final_response("failed")
+        cancelled = processor.final_response("cancelled")
+        number = processor.next_sequence_number
+        ending = Ending(
+            failed.response_json,
+            EventEmitter(number).emit_with_response_json(
+                types.TERMINAL_BY_STATUS["failed"], failed.response_json
+            ),
+            cancelled.response_json,
+            EventEmitter(number).emit_with_response_json(
+                types.TERMINAL_BY_STATUS["cancelled"], cancelled.response_json
+            ),
+            self._ttl_s,
+            self._cancel_flag_ttl_s,
+        )
+        status = self._writer.end(unlogged, closing, ending)
+        if status == "moved":
+            log.warning(
+                "another post-processor logged further on %s; leaving it to that one", self._response_id
+            )
+            return HANDED_OVER
+        if status == "final":
+            return "done"
+        if status in ("failed", "cancelled"):
+            self._index_output(failed.response_json if status == "failed" else cancelled.response_json)
+            self._redis.delete(keys.tokens(self._response_id))
+        return status
+
+    def _index_output(self, stored: bytes) -> None:
+        if self._index_owner is None:
+            return
+        owner = self._index_owner
         output = jsonutil.loads(stored).get("output", [])
-        item_index.index_items(pipe, index_owner, response_id, output, item_index.OUTPUT, ttl_s)
-        pipe.execute()
-    writer.append([processor.terminal_event(status, stored)])
-    redis.delete(keys.tokens(response_id))
-    return status
+
+        def write() -> None:
+            pipe = self._redis.pipeline(transaction=False)
+            item_index.index_items(pipe, owner, self._response_id, output, item_index.OUTPUT, self._ttl_s)
+            pipe.execute()
+
+        retrying(write, f"the item index of {self._response_id}", WRITE_BACKOFF)

@@ -96,6 +96,12 @@ elseif kind == 'start' then
     return 2
   end
   redis.call('HSET', KEYS[1], 'started', '1')
+elseif kind == 'finish' then
+  -- A finish counts the tokens before it: after an out-of-order tokens append it must not land.
+  local generated = tonumber(redis.call('HGET', KEYS[1], 'generated')) or 0
+  if generated < tonumber(ARGV[5]) then
+    return -1
+  end
 end
 redis.call('XADD', KEYS[2], '*', unpack(ARGV, 7))
 local ttl = tonumber(ARGV[3])

@@ -114,6 +114,8 @@ def test_one_claim_at_a_time_and_appends_are_fenced_and_exactly_once(r: redis.Re
     assert second.outcome == "claimed" and second.fence == Fence("gpu-2", 2)
     assert gens.progress(RESPONSE) == Progress(started=True, token_ids=[7, 8], finished=False)
     assert second.fence is not None
+    # A finish that counts tokens the stream does not hold (their append was refused) is refused too.
+    assert publish(gens, r, second.fence, FinishEntry("length", 3, 3), 3) == -1
     assert publish(gens, r, second.fence, TokensEntry([9]), 2) == APPENDED
     assert publish(gens, r, second.fence, FinishEntry("length", 3, 3), 3) == APPENDED
     assert publish(gens, r, second.fence, FinishEntry("length", 3, 3), 3) == ALREADY_APPENDED

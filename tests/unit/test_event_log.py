@@ -1,0 +1,545 @@
+"""Redis losing or refusing writes under the post-processor, against a real Redis.
+
+Item 4 of issue 15: an event-log write Redis refuses (out of memory under ``noeviction``)
+is retried, then fails the response cleanly or is left to a takeover, never leaving a gap.
+Item 5: a token stream that moves back in time (Redis lost its last second, the GPU worker
+regenerated it) is read by position, so no text is read twice or skipped; events the log
+lost are logged again as they were.
+
+A Redis server of these tests' own: they set ``maxmemory`` and rewrite streams.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import redis
+from redis.exceptions import ReadOnlyError
+
+from resq import jsonutil, keys
+from resq.catalog import ModelCatalog, TextTokenizer
+from resq.events import builders as build
+from resq.events import types
+from resq.events.emitter import EncodedEvent, EventEmitter
+from resq.options import ProcessingOptions
+from resq.postprocess import event_log, runner
+from resq.postprocess.event_log import Backoff, EventLogWriter, LogRewoundError, RedisRefusedError
+from resq.postprocess.positions import ConsumedTokens, TokenGapError, TokensRewrittenError
+from resq.redis_types import range_entries
+from resq.settings import Settings
+from resq.wire import FinishEntry, StartEntry, TokensEntry, TokenStreamEntry, encode_entry
+from tests.support.invariants import check_stream, output_text
+from tests.support.redis_server import PrivateRedis
+from tests.support.tokenizer import tiny_tokenizer
+from tests.unit.test_events import base_response
+
+RESPONSE_ID = "resp_" + "e" * 32
+TEXT = "Hello! The answer is 4, and the question was long forgotten by then."
+"""ASCII: every token adds text, so every entry adds a delta (tests wait for them)."""
+FAST = Backoff(attempts=3, first_delay_s=0.01, max_delay_s=0.01)
+WAIT_S = 10.0
+
+
+@pytest.fixture(scope="module")
+def private_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateRedis]:
+    server = PrivateRedis(Path(tmp_path_factory.mktemp("event-log-redis")))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def r(private_redis: PrivateRedis) -> Iterator[redis.Redis]:
+    client = private_redis.client()
+    client.config_set("maxmemory", 0)
+    client.flushdb()
+    yield client
+    client.config_set("maxmemory", 0)
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> TextTokenizer:
+    return tiny_tokenizer()
+
+
+@pytest.fixture
+def token_ids(tokenizer: TextTokenizer) -> list[int]:
+    ids = tokenizer.encode(TEXT)
+    assert len(ids) >= 16
+    return ids
+
+
+@pytest.fixture(autouse=True)
+def fast_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner, "WRITE_BACKOFF", FAST)
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+class Catalog:
+    """The part of :class:`ModelCatalog` the runner uses."""
+
+    def __init__(self, tokenizer: TextTokenizer) -> None:
+        self._tokenizer = tokenizer
+
+    def get(self, name: str) -> TextTokenizer | None:
+        return self._tokenizer
+
+
+def events_of(count: int, first: int = 0, tag: str = "") -> list[EncodedEvent]:
+    return [
+        EncodedEvent(number, "response.output_text.delta", f'{{"n":{number},"tag":"{tag}"}}'.encode())
+        for number in range(first, first + count)
+    ]
+
+
+def new_log(r: redis.Redis) -> None:
+    """An event log holding event 0 (the API creates it with ``response.created``)."""
+    r.xadd(keys.events(RESPONSE_ID), {"type": "response.created", "data": b"{}"}, id=keys.event_entry_id(0))
+
+
+def log_entries(r: redis.Redis) -> list[tuple[int, bytes]]:
+    return [
+        (keys.sequence_number_of(entry_id), fields[b"data"])
+        for entry_id, fields in range_entries(r.xrange(keys.events(RESPONSE_ID)))
+    ]
+
+
+def logged_events(r: redis.Redis) -> list[dict[str, Any]]:
+    return [jsonutil.loads(data) for _, data in log_entries(r)]
+
+
+def keep_first(r: redis.Redis, key: str, count: int) -> None:
+    """Make a stream hold only its first ``count`` entries, as a Redis that came back older would
+    (rebuilt, not XDEL'd: XDEL would keep the stream's last id, which a real loss does not)."""
+    kept = range_entries(r.xrange(key, count=count))
+    pipe = r.pipeline(transaction=True)
+    pipe.delete(key)
+    for entry_id, fields in kept:
+        pipe.xadd(key, fields, id=entry_id)  # type: ignore[arg-type]
+    pipe.execute()
+
+
+def start_response(r: redis.Redis) -> None:
+    """A record and its event log as the API leaves them (``response.created`` logged)."""
+    created = base_response("queued")
+    r.hset(
+        keys.record(RESPONSE_ID),
+        mapping={
+            "status": "queued",
+            "created": jsonutil.dumps(created),
+            "options": ProcessingOptions(model="tiny").model_dump_json(),
+            "store": "0",
+            "owner": "",
+        },
+    )
+    head = EventEmitter().emit(build.response_event(types.CREATED, created))
+    r.xadd(keys.events(RESPONSE_ID), {"type": head.type, "data": head.data}, id=keys.event_entry_id(0))
+
+
+def add_entries(r: redis.Redis, entries: list[TokenStreamEntry], ids: list[str] | None = None) -> None:
+    """Append in one transaction: a blocked reader gets them all in one read."""
+    pipe = r.pipeline(transaction=True)
+    for index, entry in enumerate(entries):
+        pipe.xadd(keys.tokens(RESPONSE_ID), encode_entry(entry), id=ids[index] if ids else "*")
+    pipe.execute()
+
+
+def chunks(token_ids: list[int], start: int, end: int, size: int) -> list[TokenStreamEntry]:
+    return [TokensEntry(token_ids[at : min(at + size, end)], start=at) for at in range(start, end, size)]
+
+
+def postprocess(r: redis.Redis, tokenizer: TextTokenizer) -> str:
+    return runner.run_postprocess(r, cast(ModelCatalog, Catalog(tokenizer)), Settings(), RESPONSE_ID)
+
+
+class Background:
+    """``run_postprocess`` in a thread: the test feeds the token stream meanwhile."""
+
+    def __init__(self, r: redis.Redis, tokenizer: TextTokenizer) -> None:
+        self.result: str | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(r, tokenizer), daemon=True)
+        self._thread.start()
+
+    def _run(self, r: redis.Redis, tokenizer: TextTokenizer) -> None:
+        client = redis.Redis(connection_pool=r.connection_pool)
+        try:
+            self.result = postprocess(client, tokenizer)
+        except BaseException as error:  # reported by join()
+            self.error = error
+
+    def join(self) -> str:
+        self._thread.join(WAIT_S * 2)
+        assert not self._thread.is_alive(), "the post-processor did not end"
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def log_length(r: redis.Redis) -> int:
+    return int(r.xlen(keys.events(RESPONSE_ID)))
+
+
+def deltas(events: list[dict[str, Any]]) -> str:
+    return "".join(event["delta"] for event in events if event["type"] == types.OUTPUT_TEXT_DELTA)
+
+
+# --- the writer: duplicates, refusals, lost events ------------------------------------------------
+
+
+def test_events_already_logged_are_skipped_not_taken_for_errors(r: redis.Redis) -> None:
+    new_log(r)
+    other = EventLogWriter(r, RESPONSE_ID, 1, FAST)
+    other.append(events_of(3, first=1, tag="other"))
+    writer = EventLogWriter(r, RESPONSE_ID, 1, FAST)  # started when only event 0 was logged
+    writer.append(events_of(5, first=1, tag="mine"))
+    logged = log_entries(r)
+    assert [number for number, _ in logged] == [0, 1, 2, 3, 4, 5]
+    assert [b"other" in data for _, data in logged] == [False] + [True] * 3 + [False] * 2
+
+
+def test_an_append_refused_for_lack_of_memory_is_retried_until_it_lands(r: redis.Redis) -> None:
+    new_log(r)
+    r.config_set("maxmemory", 1)  # everything that writes is refused (noeviction)
+    waits: list[float] = []
+
+    def sleep(delay_s: float) -> None:
+        waits.append(delay_s)
+        if len(waits) == 3:
+            r.config_set("maxmemory", 0)
+
+    writer = EventLogWriter(r, RESPONSE_ID, 1, Backoff(attempts=10, first_delay_s=0.01), sleep=sleep)
+    writer.append(events_of(3, first=1))
+    assert waits == [0.01, 0.02, 0.04]
+    assert [number for number, _ in log_entries(r)] == [0, 1, 2, 3]
+
+
+def test_an_append_redis_keeps_refusing_raises_and_writes_nothing(r: redis.Redis) -> None:
+    new_log(r)
+    writer = EventLogWriter(r, RESPONSE_ID, 1, FAST)
+    writer.append(events_of(1, first=1))
+    r.config_set("maxmemory", 1)
+    with pytest.raises(RedisRefusedError, match="OutOfMemoryError"):
+        writer.append(events_of(2, first=2))
+    r.config_set("maxmemory", 0)
+    assert [number for number, _ in log_entries(r)] == [0, 1]
+    # Nothing later can be logged past the hole either; the refused events can.
+    writer.append(events_of(3, first=2))
+    assert [number for number, _ in log_entries(r)] == [0, 1, 2, 3, 4]
+
+
+def test_every_other_error_is_retried_too(r: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not only OOM: any refusal (here a read-only replica, faked) is retried, then reported."""
+    new_log(r)
+    writer = EventLogWriter(r, RESPONSE_ID, 1, Backoff(attempts=3, first_delay_s=0), sleep=lambda _: None)
+    real = writer._append
+    refusals = [ReadOnlyError("You can't write against a read only replica.")] * 2
+
+    def flaky(**kwargs: Any) -> Any:
+        if refusals:
+            raise refusals.pop()
+        return real(**kwargs)
+
+    monkeypatch.setattr(writer, "_append", flaky)
+    writer.append(events_of(1, first=1))
+    assert [number for number, _ in log_entries(r)] == [0, 1]
+    refusals.extend([ReadOnlyError("READONLY")] * 3)
+    with pytest.raises(RedisRefusedError, match="ReadOnlyError"):
+        writer.append(events_of(1, first=2))
+
+
+def test_events_the_log_lost_are_logged_again_as_they_were(r: redis.Redis) -> None:
+    new_log(r)
+    writer = EventLogWriter(r, RESPONSE_ID, 1, FAST)
+    writer.append(events_of(3, first=1))
+    writer.append(events_of(3, first=4))
+    before = log_entries(r)
+    keep_first(r, keys.events(RESPONSE_ID), 3)  # Redis came back without events 3..6
+    writer.append(events_of(2, first=7))
+    assert log_entries(r) == [
+        *before,
+        *((event.sequence_number, event.data) for event in events_of(2, first=7)),
+    ]
+
+
+def test_events_lost_beyond_what_the_writer_keeps_raise_rewound(r: redis.Redis) -> None:
+    now = [0.0]
+    new_log(r)
+    writer = EventLogWriter(r, RESPONSE_ID, 1, FAST, replay_window_s=5, clock=lambda: now[0])
+    writer.append(events_of(3, first=1))
+    now[0] = 10.0
+    writer.append(events_of(2, first=4))  # the first four are forgotten now
+    keep_first(r, keys.events(RESPONSE_ID), 2)
+    with pytest.raises(LogRewoundError):
+        writer.append(events_of(1, first=6))
+    assert [number for number, _ in log_entries(r)] == [0, 1]  # no gap: nothing was written
+
+
+def test_a_deleted_log_does_not_come_back(r: redis.Redis) -> None:
+    new_log(r)
+    writer = EventLogWriter(r, RESPONSE_ID, 1, FAST)
+    writer.append(events_of(1, first=1))
+    r.delete(keys.events(RESPONSE_ID))
+    writer.append(events_of(2, first=2))
+    assert not r.exists(keys.events(RESPONSE_ID))
+
+
+# --- reading tokens by position --------------------------------------------------------------------
+
+
+def test_tokens_already_consumed_are_dropped() -> None:
+    consumed = ConsumedTokens()
+    assert consumed.take(TokensEntry([1, 2, 3], [0.1, 0.2, 0.3], start=0)) == TokensEntry(
+        [1, 2, 3], [0.1, 0.2, 0.3], start=0
+    )
+    assert consumed.take(TokensEntry([2, 3], start=1)) is None
+    assert consumed.take(TokensEntry([3, 4, 5], [0.3, 0.4, 0.5], start=2)) == TokensEntry(
+        [4, 5], [0.4, 0.5], start=3
+    )
+    assert consumed.take(TokensEntry([6])) == TokensEntry([6])  # no position: follows
+    assert consumed.count == 6 and not consumed.all_placed
+
+
+def test_a_gap_and_a_rewritten_token_are_told_apart() -> None:
+    consumed = ConsumedTokens()
+    consumed.take(TokensEntry([1, 2, 3], start=0))
+    with pytest.raises(TokenGapError):
+        consumed.take(TokensEntry([5], start=4))
+    with pytest.raises(TokensRewrittenError) as rewritten:
+        consumed.take(TokensEntry([2, 9, 4], start=1))
+    assert rewritten.value.position == 2
+    with pytest.raises(TokenGapError):
+        consumed.check_finish(FinishEntry("stop", 1, 4))
+    consumed.check_finish(FinishEntry("stop", 1, 3))
+    assert consumed.count == 3
+
+
+# --- the runner -------------------------------------------------------------------------------------
+
+
+def reference_events(r: redis.Redis, tokenizer: TextTokenizer, token_ids: list[int]) -> list[dict[str, Any]]:
+    start_response(r)
+    add_entries(
+        r, [StartEntry(7), *chunks(token_ids, 0, len(token_ids), 3), FinishEntry("stop", 7, len(token_ids))]
+    )
+    assert postprocess(r, tokenizer) == "completed"
+    events = logged_events(r)
+    r.flushdb()
+    return events
+
+
+def test_entries_read_twice_give_their_text_once(
+    r: redis.Redis, tokenizer: TextTokenizer, token_ids: list[int]
+) -> None:
+    expected = reference_events(r, tokenizer, token_ids)
+    start_response(r)
+    n = len(token_ids)
+    # A stream holding repeats and overlaps, as after a loss and a resume.
+    add_entries(
+        r,
+        [
+            StartEntry(7),
+            *chunks(token_ids, 0, 9, 3),
+            StartEntry(7),
+            *chunks(token_ids, 3, 9, 3),
+            TokensEntry(token_ids[4:11], start=4),
+            *chunks(token_ids, 11, n, 3),
+            FinishEntry("stop", 7, n),
+        ],
+    )
+    assert postprocess(r, tokenizer) == "completed"
+    events = logged_events(r)
+    final = check_stream(events)
+    assert output_text(final) == deltas(events) == TEXT
+    assert output_text(final) == output_text(expected[-1]["response"])
+
+
+def test_a_stream_rewritten_after_a_loss_is_followed_without_repeats(
+    r: redis.Redis, tokenizer: TextTokenizer, token_ids: list[int], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis loses the last tokens and events; the GPU worker regenerates the tokens (other
+    chunks): the text is read once and the lost events come back byte for byte."""
+    start_response(r)
+    background = Background(r, tokenizer)
+    add_entries(r, [StartEntry(7), *chunks(token_ids, 0, 6, 3)])
+    wait_for(lambda: log_length(r) > 2, "the first events")
+    kept_events = log_length(r)
+    add_entries(r, chunks(token_ids, 6, 12, 3))  # the second that Redis will lose
+    wait_for(lambda: log_length(r) > kept_events, "the events of the lost second")
+    seen_by_clients = log_entries(r)
+    keep_first(r, keys.tokens(RESPONSE_ID), 3)
+    keep_first(r, keys.events(RESPONSE_ID), kept_events)
+    n = len(token_ids)
+    add_entries(
+        r, [TokensEntry(token_ids[6:12], start=6), *chunks(token_ids, 12, n, 4), FinishEntry("stop", 7, n)]
+    )
+    assert background.join() == "completed"
+    events = logged_events(r)
+    final = check_stream(events)
+    assert output_text(final) == deltas(events) == TEXT
+    assert log_entries(r)[: len(seen_by_clients)] == seen_by_clients
+    assert "(Redis came back older); logging them again" in caplog.text
+
+
+def test_a_log_that_lost_more_than_the_writer_keeps_is_rebuilt(
+    r: redis.Redis,
+    tokenizer: TextTokenizer,
+    token_ids: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(event_log, "REPLAY_WINDOW_S", -1.0)  # keeps nothing
+    start_response(r)
+    background = Background(r, tokenizer)
+    add_entries(r, [StartEntry(7), *chunks(token_ids, 0, 6, 3)])
+    wait_for(lambda: log_length(r) > 2, "the first events")
+    kept_events = log_length(r)
+    add_entries(r, chunks(token_ids, 6, 12, 3))
+    wait_for(lambda: log_length(r) > kept_events, "the events of the lost second")
+    keep_first(r, keys.tokens(RESPONSE_ID), 3)
+    keep_first(r, keys.events(RESPONSE_ID), kept_events)
+    n = len(token_ids)
+    add_entries(r, [TokensEntry(token_ids[6:n], start=6), FinishEntry("stop", 7, n)])
+    assert background.join() == "completed"
+    events = logged_events(r)
+    assert output_text(check_stream(events)) == deltas(events) == TEXT
+    assert "went back in time" in caplog.text
+
+
+def test_entries_below_the_read_cursor_are_found_by_reading_again(
+    r: redis.Redis, tokenizer: TextTokenizer, token_ids: list[int], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Across a loss, Redis' clock (the entry ids) may go back: regenerated entries then sort
+    below the reader's cursor, and the next one it sees starts past what it consumed."""
+    start_response(r)
+    background = Background(r, tokenizer)
+    add_entries(r, [StartEntry(7), *chunks(token_ids, 0, 3, 3)], ids=["1000-0", "1001-0"])
+    wait_for(lambda: log_length(r) > 2, "the first events")
+    logged = log_length(r)
+    add_entries(r, chunks(token_ids, 3, 6, 3), ids=["5000-0"])  # read, then lost
+    wait_for(lambda: log_length(r) > logged, "their events")
+    keep_first(r, keys.tokens(RESPONSE_ID), 2)
+    n = len(token_ids)
+    add_entries(r, chunks(token_ids, 3, 9, 3), ids=["2000-0", "2001-0"])  # regenerated: below the cursor
+    add_entries(r, [*chunks(token_ids, 9, n, 3), FinishEntry("stop", 7, n)])
+    assert background.join() == "completed"
+    events = logged_events(r)
+    assert output_text(check_stream(events)) == deltas(events) == TEXT
+    assert "reading it again from the start" in caplog.text
+
+
+def test_tokens_missing_from_the_whole_stream_fail_the_response_cleanly(
+    r: redis.Redis, tokenizer: TextTokenizer, token_ids: list[int]
+) -> None:
+    start_response(r)
+    add_entries(
+        r,
+        [
+            StartEntry(7),
+            *chunks(token_ids, 0, 6, 3),
+            *chunks(token_ids, 9, 12, 3),
+            FinishEntry("stop", 7, 12),
+        ],
+    )
+    assert postprocess(r, tokenizer) == "failed"
+    events = logged_events(r)
+    final = check_stream(events)
+    assert events[-1]["type"] == types.FAILED
+    assert final["error"]["code"] == "server_error" and "lost tokens" in final["error"]["message"]
+    assert output_text(final) == deltas(events) == tokenizer.decode(token_ids[:6])
+    assert final["output"][0]["status"] == "incomplete"
+    assert r.hget(keys.record(RESPONSE_ID), "status") == b"failed"
+    assert r.exists(keys.cancel(RESPONSE_ID))  # the GPU worker stops generating it
+
+
+def test_tokens_regenerated_differently_fail_the_response_cleanly(
+    r: redis.Redis, tokenizer: TextTokenizer, token_ids: list[int]
+) -> None:
+    """Sampling regenerated other tokens than those already streamed: no text follows both."""
+    start_response(r)
+    background = Background(r, tokenizer)
+    add_entries(r, [StartEntry(7), *chunks(token_ids, 0, 6, 3)])
+    wait_for(lambda: log_length(r) > 2, "the first events")
+    keep_first(r, keys.tokens(RESPONSE_ID), 2)  # tokens 3..5 lost (their events were not)
+    other = [token for token in tokenizer.encode(" Bonjour") if token not in token_ids[3:6]]
+    assert other
+    add_entries(r, [TokensEntry(other, start=3)])
+    assert background.join() == "failed"
+    events = logged_events(r)
+    final = check_stream(events)
+    assert "rewritten" in final["error"]["message"]
+    assert output_text(final) == deltas(events)
+
+
+def test_events_redis_keeps_refusing_fail_the_response_cleanly(
+    r: redis.Redis, tokenizer: TextTokenizer, token_ids: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Appends refused (injected), the failure itself accepted: ``response.failed``, nothing after."""
+    refuse = "resq-test:refuse-appends"
+    monkeypatch.setattr(
+        event_log,
+        "APPEND_LUA",
+        f"if redis.call('EXISTS', '{refuse}') == 1 then\n"
+        "  return redis.error_reply('OOM command not allowed when used memory > maxmemory (injected)')\n"
+        "end\n" + event_log.APPEND_LUA,
+    )
+    start_response(r)
+    background = Background(r, tokenizer)
+    add_entries(r, [StartEntry(7), *chunks(token_ids, 0, 6, 3)])
+    wait_for(lambda: log_length(r) > 2, "the first events")
+    r.set(refuse, "1")
+    add_entries(r, chunks(token_ids, 6, 9, 3))
+    assert background.join() == "failed"
+    events = logged_events(r)
+    final = check_stream(events)
+    assert final["error"]["code"] == "server_error"
+    # The refused batch went out with the failure: the text is what was read, once.
+    assert output_text(final) == deltas(events) == tokenizer.decode(token_ids[:9])
+    assert events[-1]["type"] == types.FAILED
+    assert r.hget(keys.record(RESPONSE_ID), "status") == b"failed"
+    length = log_length(r)
+    r.delete(refuse)
+    add_entries(r, [*chunks(token_ids, 9, len(token_ids), 3), FinishEntry("stop", 7, len(token_ids))])
+    assert postprocess(r, tokenizer) == "done"  # a later post-processor adds nothing
+    assert log_length(r) == length
+
+
+def test_out_of_memory_leaves_no_gap_and_a_takeover_finishes(
+    r: redis.Redis, tokenizer: TextTokenizer, token_ids: list[int]
+) -> None:
+    """Redis out of memory refuses the events and the failure alike: the post-processor stops
+    with the log as it was; once memory is back, a takeover goes on from there."""
+    start_response(r)
+    background = Background(r, tokenizer)
+    add_entries(r, [StartEntry(7), *chunks(token_ids, 0, 6, 3)])
+    wait_for(lambda: log_length(r) > 2, "the first events")
+    before = log_entries(r)
+    pipe = r.pipeline(transaction=True)  # the tokens land, then nothing can be written
+    pipe.xadd(keys.tokens(RESPONSE_ID), encode_entry(TokensEntry(token_ids[6:9], start=6)))
+    pipe.config_set("maxmemory", 1)
+    pipe.execute()
+    with pytest.raises(RedisRefusedError, match="OutOfMemoryError"):
+        background.join()
+    assert log_entries(r) == before
+    r.config_set("maxmemory", 0)
+    n = len(token_ids)
+    add_entries(r, [*chunks(token_ids, 9, n, 3), FinishEntry("stop", 7, n)])
+    assert postprocess(r, tokenizer) == "completed"
+    events = logged_events(r)
+    assert output_text(check_stream(events)) == deltas(events) == TEXT
