@@ -30,6 +30,7 @@ import torch
 from llguidance import LLExecutor, LLMatcher, LLTokenizer
 
 from gpu_worker import metrics
+from gpu_worker.sampling import NON_FINITE_TOKEN
 
 log = logging.getLogger(__name__)
 
@@ -149,10 +150,19 @@ class GrammarConstraints:
         return masked
 
     def advance(self, constrained: ConstrainedRows, tokens: torch.Tensor) -> None:
-        """Feed each constrained row's chosen token (of ``tokens`` [rows]) to its matcher."""
+        """Feed each constrained row's chosen token (of ``tokens`` [rows]) to its matcher.
+
+        A row reported as :data:`~gpu_worker.sampling.NON_FINITE_TOKEN` is skipped: its
+        request ends with an error at this step.
+        """
         chosen = tokens[constrained.index].tolist()
-        accepted = self._executor.consume_token_par(list(zip(constrained.matchers, chosen, strict=True)))
-        metrics.CONSTRAINED_TOKENS.inc(len(chosen))
-        for matcher, ok in zip(constrained.matchers, accepted, strict=True):
+        fed = [
+            (matcher, token)
+            for matcher, token in zip(constrained.matchers, chosen, strict=True)
+            if token != NON_FINITE_TOKEN
+        ]
+        accepted = self._executor.consume_token_par(fed)
+        metrics.CONSTRAINED_TOKENS.inc(len(fed))
+        for (matcher, _), ok in zip(fed, accepted, strict=True):
             if not ok:  # cannot happen for a token its own mask allowed; say so rather than hide it
                 log.error("a constrained token was refused by its grammar: %s", matcher.get_error())

@@ -22,10 +22,23 @@ on CUDA graphs, ``torch.compile`` or asynchronous batching (on CUDA with
 With ``RESQ_LOGPROBS`` the engine also computes each sampled token's logprob
 under the model's raw distribution (:mod:`gpu_worker.raw_logprobs`), for every
 request; only those that ask get them published.
+
+One request must not bring down its neighbours. A temperature below
+:data:`gpu_worker.sampling.GREEDY_BELOW_TEMPERATURE` decodes greedily (as vLLM does);
+every other value the API accepts (temperature up to 2, any top-p above 0, penalties in
+[-2, 2]) keeps finite logits finite. A row whose scores are not finite anyway (the model
+itself produced a NaN) is reported by the step as
+:data:`gpu_worker.sampling.NON_FINITE_TOKEN`, an end token of every request: transformers
+finishes that request alone, and :meth:`Engine.next_outputs` hands it on as a failed
+output (an ``error`` finish) without the flag. When the generation loop dies of an
+exception nonetheless, transformers fails every request it holds; those outputs are
+dropped here, so that the publisher hands the requests back for another GPU worker to
+resume, as it would the requests of a lost worker, rather than ending them ``failed``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import queue
@@ -35,12 +48,14 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
-from transformers.generation.continuous_batching.requests import GenerationOutput
+from transformers.generation.continuous_batching.continuous_api import BackgroundThreadStatus
+from transformers.generation.continuous_batching.requests import GenerationOutput, RequestStatus
 
 from gpu_worker import raw_logprobs, sampling_step
 from gpu_worker.constraints import GrammarConstraints, GrammarRefusedError
 from gpu_worker.model_loading import LoadedModel
 from gpu_worker.penalties import Penalties
+from gpu_worker.sampling import GREEDY_BELOW_TEMPERATURE, NON_FINITE_TOKEN
 from resq.settings import Settings
 from resq.wire import GenerationJob
 
@@ -51,6 +66,9 @@ CPU_DEFAULT_KV_CACHE_TOKENS = 16384
 # the temperature, top-k and top-p processors; every request overrides all three.
 _PROCESSOR_DEFAULT_TEMPERATURE = 0.7
 _PROCESSOR_DEFAULT_TOP_P = 0.95
+NON_FINITE_ERROR = (
+    "The model's next-token scores for this response were not finite (NaN or infinity); generation stopped."
+)
 
 
 class EngineStoppedError(RuntimeError):
@@ -195,7 +213,7 @@ class Engine:
         if penalised and self.penalties is not None:
             # Before add_request: the engine may schedule the request's first step at once.
             self.penalties.add(job.response_id, job.frequency_penalty, job.presence_penalty, generated or [])
-        if job.temperature == 0:
+        if job.temperature < GREEDY_BELOW_TEMPERATURE:
             sampling: dict[str, Any] = {"temperature": 1.0, "top_k": 1, "top_p": 1.0}
         else:
             sampling = {
@@ -209,7 +227,8 @@ class Engine:
                 request_id=job.response_id,
                 max_new_tokens=job.max_output_tokens,
                 streaming=True,
-                eos_token_id=self.end_tokens(job) if job.stop_token_ids else None,
+                # The step's flag for a row it could not sample ends the request at once.
+                eos_token_id=[*self.end_tokens(job), NON_FINITE_TOKEN],
                 **sampling,
             )
         except BaseException:
@@ -236,7 +255,11 @@ class Engine:
         self.forget(response_id)
 
     def next_outputs(self, timeout_s: float) -> list[GenerationOutput]:
-        """Outputs produced since the last call: waits up to ``timeout_s`` for the first one."""
+        """Outputs produced since the last call: waits up to ``timeout_s`` for the first one.
+
+        A request the step flagged non-finite comes out failed (without the flag); the
+        failures of a generation loop that died are left out (their requests are handed back).
+        """
         outputs: list[GenerationOutput] = []
         output_queue = self._manager.output_router.output_queue
         try:
@@ -247,4 +270,32 @@ class Engine:
             try:
                 outputs.append(output_queue.get_nowait())
             except queue.Empty:
-                return outputs
+                break
+        # Read after the outputs: transformers asks for a hard stop before it fails the requests.
+        dying = self._dying()
+        return [
+            _flagged_as_error(output)
+            for output in outputs
+            if not (dying and output.status == RequestStatus.FAILED)
+        ]
+
+    def _dying(self) -> bool:
+        # The generation loop is stopping at once: it died of an exception (or we stopped it hard).
+        status = self._manager.background_thread_status
+        return status.fatal_error is not None or status.local_status >= BackgroundThreadStatus.HARD_STOP
+
+
+def _flagged_as_error(output: GenerationOutput) -> GenerationOutput:
+    # The flag is the last token of a request it ended (an end token of every request).
+    tokens = output.generated_tokens
+    if not (output.is_finished() and tokens and tokens[-1] == NON_FINITE_TOKEN):
+        return output
+    log.error("non-finite logits for %s: ending it with an error", output.request_id)
+    kept = len(tokens) - 1
+    return dataclasses.replace(
+        output,
+        generated_tokens=tokens[:kept],
+        logprobs=output.logprobs[:kept],
+        status=RequestStatus.FAILED,
+        error=NON_FINITE_ERROR,
+    )

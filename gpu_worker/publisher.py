@@ -74,12 +74,20 @@ class TokenPublisher:
     """Moves tokens from the engine to the responses' token streams."""
 
     def __init__(
-        self, redis: Redis, engine: Engine, generations: Generations, dispatch: Callable[[str], None]
+        self,
+        redis: Redis,
+        engine: Engine,
+        generations: Generations,
+        dispatch: Callable[[str], None],
+        max_losses: int = 3,
     ) -> None:
+        """``max_losses`` (``RESQ_GPU_MAX_LOSSES``): a request whose engine failed, or whose GPU
+        worker was lost, this many times in all ends with an error instead of resuming again."""
         self._redis = redis
         self._engine = engine
         self._generations = generations
         self._dispatch = dispatch
+        self._max_losses = max_losses
         self._tracked: dict[str, _Tracked] = {}
         self._pending: dict[str, GenerationOutput] = {}
         self._lock = threading.Lock()
@@ -159,7 +167,7 @@ class TokenPublisher:
             try:
                 self.step(IDLE_WAIT_S)
                 if not self._engine.is_running() and not self._stop.is_set():
-                    self._fail_all("The generation engine stopped unexpectedly.")
+                    self._release_after_engine_failure()
                     self.fatal_error = RuntimeError("engine thread died")
                     return
             except Exception as exc:  # keep publishing through Redis hiccups
@@ -198,7 +206,7 @@ class TokenPublisher:
                 logprobs = None
                 if tracked.logprobs and len(output.logprobs) == len(output.generated_tokens):
                     logprobs = list(output.logprobs[tracked.published :])
-                chunk = TokensEntry(new_tokens, logprobs)
+                chunk = TokensEntry(new_tokens, logprobs, start=tracked.total)
                 self._generations.publish(pipe, response_id, tracked.fence, chunk, tracked.total)
                 appends.append((response_id, len(new_tokens)))
             if output.is_finished():
@@ -305,15 +313,35 @@ class TokenPublisher:
         if tracked:
             self._forget_ended(list(tracked))
 
-    def _fail_all(self, message: str) -> None:
+    def _release_after_engine_failure(self) -> None:
+        # The engine died of an exception: nothing says its requests caused it, so each resumes
+        # on another GPU worker, as from a lost worker, and like that it counts as a loss (a
+        # request that brings down every engine it reaches fails in the end, the others resume).
         with self._lock:
             tracked = dict(self._tracked)
-        pipe = self._redis.pipeline(transaction=False)
+        now_ms = int(time.time() * 1000)
         for response_id, state in tracked.items():
-            entry = FinishEntry("error", state.prompt_tokens, state.total, message)
-            self._generations.publish(pipe, response_id, state.fence, entry, state.total)
-        pipelines.execute(self._redis, pipe)
+            try:
+                losses = self._generations.release_lost(response_id, state.fence, now_ms)
+                if losses is None:  # no longer this worker's
+                    continue
+                if losses < self._max_losses:
+                    self._dispatch(response_id)
+                    log.warning(
+                        "engine failed: handed %s back after %d tokens",
+                        response_id,
+                        state.total,
+                        extra=about(response_id),
+                    )
+                    continue
+                message = (
+                    f"The generation engine failed or was lost {losses} times on this response; giving up."
+                )
+                entry = FinishEntry("error", state.prompt_tokens, state.total, message)
+                if self._generations.end_unowned(response_id, state.fence.epoch, entry):
+                    self._generations.forget(response_id)
+                log.error("engine failed: %s", message, extra=about(response_id))
+            except Exception:  # still owned by this worker: the reaper releases it once the worker is gone
+                log.warning("could not hand %s back", response_id, exc_info=True)
         for response_id in tracked:
             self._end(response_id)
-        if tracked:
-            self._forget_ended(list(tracked))

@@ -2,11 +2,11 @@
 
 transformers' per-request processors (temperature, top-k, top-p) sort the whole
 vocabulary twice for every row of every step, greedy rows included, and then
-draw from a softmax of the whole batch. :func:`next_tokens` does the same job
+draw from a softmax of the whole batch. :func:`choose` does the same job
 with as little work as the batch needs:
 
 - greedy rows take the argmax of their logits, with no processing at all; a
-  batch with only greedy rows costs one argmax;
+  batch with only greedy rows costs one max;
 - sampled rows are divided by their temperature and drawn from; only rows with
   ``top_p < 1`` are sorted, once, to cut the nucleus.
 
@@ -17,11 +17,73 @@ boolean indexing): every row is processed and the greedy ones are picked with
 Top-p keeps a token when the probability mass of the tokens ranked above it is
 below ``top_p``: the most likely token always stays, as in transformers
 (``cumulative <= 1 - top_p`` removed, in ascending order).
+
+A row with nothing finite to choose from (a NaN or an infinity in its logits, every
+token masked, or a maximum that overflows once divided by its temperature) must not
+end the step for the whole batch: :func:`choose` clears its :attr:`Choice.finite` flag
+and still gives it a valid token id, from the same single max that finds the greedy
+tokens (``max`` propagates NaN), so the check costs no extra pass over the logits and
+no host sync. The draw is ``torch.multinomial``'s own exponential race without its
+validity check, which reads two reductions back to the host and raises for a NaN row.
 """
 
 from __future__ import annotations
 
+from typing import Final, NamedTuple
+
 import torch
+
+GREEDY_BELOW_TEMPERATURE: Final = 1e-5
+"""Temperatures below this decode greedily, as in vLLM (``_SAMPLING_EPS``): they are greedy in
+all but rounding, and logits divided by 1e-40 overflow to infinity."""
+
+NON_FINITE_TOKEN: Final = 2**31 - 1
+"""The token id resq's step reports for a row that is not :attr:`Choice.finite` (the largest int32:
+never a real token); the engine makes it an end token of every request and turns it into
+an error finish."""
+
+
+class Choice(NamedTuple):
+    """The next token of every row, and which rows had something finite to choose from."""
+
+    tokens: torch.Tensor
+    """int64 [rows]: a valid token id for every row, the non-finite ones included."""
+    finite: torch.Tensor
+    """bool [rows]: the row's logits (after its temperature) have a finite maximum."""
+
+
+def choose(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+    greedy: torch.Tensor,
+    *,
+    graph_safe: bool = False,
+    generator: torch.Generator | None = None,
+) -> Choice:
+    """The next token of every row of ``logits`` ([rows, vocab], float32), and which rows are finite.
+
+    ``temperature`` and ``top_p`` are float32 [rows]; ``greedy`` is bool [rows] (its
+    rows ignore the other two). ``generator`` is for tests: the draw is reproducible.
+    """
+    best, greedy_tokens = logits.max(dim=-1)
+    if graph_safe:
+        # Greedy rows get a harmless temperature; their draw is discarded below.
+        safe_temperature = torch.where(greedy, torch.ones_like(temperature), temperature)
+        drawn = _draw(logits, safe_temperature, top_p, nucleus=True, generator=generator)
+        finite = torch.isfinite(best / safe_temperature)
+        return Choice(torch.where(greedy, greedy_tokens, drawn), finite)
+    finite = torch.isfinite(best)
+    if bool(greedy.all()):
+        return Choice(greedy_tokens, finite)
+    rows = (~greedy).nonzero().squeeze(1)
+    row_temperature = temperature[rows]
+    row_top_p = top_p[rows]
+    nucleus = bool((row_top_p < 1.0).any())
+    drawn = _draw(logits[rows], row_temperature, row_top_p, nucleus=nucleus, generator=generator)
+    # A finite maximum may still overflow once divided by a small temperature.
+    finite = finite.index_put((rows,), torch.isfinite(best[rows] / row_temperature))
+    return Choice(greedy_tokens.index_put((rows,), drawn), finite)
 
 
 def next_tokens(
@@ -33,24 +95,8 @@ def next_tokens(
     graph_safe: bool = False,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """The next token of every row of ``logits`` ([rows, vocab], float32), as int64 [rows].
-
-    ``temperature`` and ``top_p`` are float32 [rows]; ``greedy`` is bool [rows] (its
-    rows ignore the other two). ``generator`` is for tests: the draw is reproducible.
-    """
-    greedy_tokens = logits.argmax(dim=-1)
-    if graph_safe:
-        # Greedy rows get a harmless temperature; their draw is discarded below.
-        safe_temperature = torch.where(greedy, torch.ones_like(temperature), temperature)
-        drawn = _draw(logits, safe_temperature, top_p, nucleus=True, generator=generator)
-        return torch.where(greedy, greedy_tokens, drawn)
-    if bool(greedy.all()):
-        return greedy_tokens
-    rows = (~greedy).nonzero().squeeze(1)
-    row_top_p = top_p[rows]
-    nucleus = bool((row_top_p < 1.0).any())
-    drawn = _draw(logits[rows], temperature[rows], row_top_p, nucleus=nucleus, generator=generator)
-    return greedy_tokens.index_put((rows,), drawn)
+    """:attr:`Choice.tokens` of :func:`choose` (int64 [rows])."""
+    return choose(logits, temperature, top_p, greedy, graph_safe=graph_safe, generator=generator).tokens
 
 
 def _draw(
@@ -63,8 +109,7 @@ def _draw(
 ) -> torch.Tensor:
     scaled = logits / temperature.unsqueeze(1)
     if not nucleus:
-        probs = torch.softmax(scaled, dim=-1)
-        return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        return _sample(torch.softmax(scaled, dim=-1), generator)
     ranked, order = torch.sort(scaled, dim=-1, descending=True)
     probs = torch.softmax(ranked, dim=-1)
     mass_above = probs.cumsum(dim=-1) - probs
@@ -72,5 +117,11 @@ def _draw(
     cut = (mass_above >= top_p.unsqueeze(1)) & (top_p < 1.0).unsqueeze(1)
     cut[:, 0] = False  # the most likely token stays, whatever top_p says
     probs = probs.masked_fill(cut, 0.0)
-    choice = torch.multinomial(probs, 1, generator=generator)
-    return order.gather(1, choice).squeeze(1)
+    return order.gather(1, _sample(probs, generator).unsqueeze(1)).squeeze(1)
+
+
+def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    # torch.multinomial(probs, 1) draws argmax(probs / q), q ~ Exp(1): the same draw from the
+    # same generator, without the check that syncs the host and fails the step on a NaN row.
+    race = torch.empty_like(probs).exponential_(generator=generator)
+    return torch.div(probs, race, out=race).argmax(dim=-1)

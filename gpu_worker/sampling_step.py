@@ -37,6 +37,16 @@ of penalised requests have their penalties subtracted (a copy of the logits), th
 grammar masks go on, then the tokens are chosen, which the penalised rows' counts take
 in. They map rows to requests the same way, so the engine keeps them only while its step
 is neither captured nor compiled nor prepared ahead.
+
+A row with nothing finite to choose from (not :attr:`gpu_worker.sampling.Choice.finite`)
+is reported as :data:`gpu_worker.sampling.NON_FINITE_TOKEN` in ``output_ids``: the flag
+reaches the host with the tokens transformers copies back anyway, without a sync of its
+own, and the engine makes that token an end token of every request, so transformers
+finishes the request at once and the engine turns it into an error finish. Its logprob,
+its penalty count and its grammar matcher take the valid token the sampler chose instead
+(the matcher skips it). With asynchronous batching the next batch is built on the device
+before the host sees the flag: its carried-over inputs are mapped back to token 0, so the
+embedding never meets the flag (the request is over by then).
 """
 
 from __future__ import annotations
@@ -52,12 +62,13 @@ from transformers.generation.continuous_batching.cb_logits_processors import (
     ContinuousBatchingTopKLogitsWarper,
     ContinuousBatchingTopPLogitsWarper,
 )
+from transformers.generation.continuous_batching.input_outputs import ContinuousBatchingAsyncIOs
 
 from gpu_worker.constraints import GrammarConstraints
 from gpu_worker.penalties import Penalties
 from gpu_worker.raw_logprobs import chosen_token_logprobs
 from gpu_worker.runner_step import Step, wrap_step
-from gpu_worker.sampling import next_tokens
+from gpu_worker.sampling import NON_FINITE_TOKEN, Choice, choose
 
 log = logging.getLogger(__name__)
 
@@ -121,13 +132,18 @@ def _row_request_ids(runner: Any) -> list[str]:
 
 def choose_tokens(
     logits: torch.Tensor, arguments: torch.Tensor, rows: ArgumentRows, graph_safe: bool
-) -> torch.Tensor:
+) -> Choice:
     """The next token of each row of ``logits`` [n, vocab] from the step's argument rows [k, >= n] (int32)."""
     count = logits.shape[0]
     temperature = arguments[rows.temperature, :count].view(dtype=torch.float32)
     top_p = arguments[rows.top_p, :count].view(dtype=torch.float32)
     greedy = arguments[rows.top_k, :count] == 1
-    return next_tokens(logits, temperature, top_p, greedy, graph_safe=graph_safe)
+    return choose(logits, temperature, top_p, greedy, graph_safe=graph_safe)
+
+
+def reported_tokens(choice: Choice) -> torch.Tensor:
+    """The tokens the step reports: :data:`NON_FINITE_TOKEN` for the rows that are not finite."""
+    return choice.tokens.where(choice.finite, NON_FINITE_TOKEN)
 
 
 def install() -> None:
@@ -160,6 +176,10 @@ def install() -> None:
             self.inputs_and_outputs.carry_over_tokens(
                 batch_data["input_ids"], carry_over_ids, prev_output_ids
             )
+            if isinstance(self.inputs_and_outputs, ContinuousBatchingAsyncIOs):
+                # A carried-over flag is not a token id; its request ends at this batch's update.
+                input_ids = batch_data["input_ids"]
+                input_ids.masked_fill_(input_ids == NON_FINITE_TOKEN, 0)
             logits = model(**batch_data).logits
             if "logits_to_keep" not in batch_data:
                 logits = logits[:, batch_data["logits_indices"], :]
@@ -171,13 +191,15 @@ def install() -> None:
                 scores = penalties.apply(penalised, scores)
             if constraints is not None and constrained is not None:
                 scores = constraints.apply(constrained, scores)
-            tokens = choose_tokens(scores, batch_data["logits_processor_args"], rows, bool(self.pad_inputs))
+            choice = choose_tokens(scores, batch_data["logits_processor_args"], rows, bool(self.pad_inputs))
+            tokens = choice.tokens
+            reported = reported_tokens(choice)
             if constraints is not None and constrained is not None:
-                constraints.advance(constrained, tokens)
+                constraints.advance(constrained, reported)
             if penalties is not None and penalised is not None:
                 penalties.count(penalised, tokens)
             count = tokens.shape[0]
-            output_ids[0, :count].copy_(tokens)
+            output_ids[0, :count].copy_(reported)
             if self.return_logprobs:
                 logprobs = chosen_token_logprobs(logits, tokens)
                 output_ids[1, :count].copy_(logprobs.view(dtype=torch.int32))

@@ -116,7 +116,15 @@ class GenerationService:
         )
         try:
             self._engine.add(plan.job, plan.job.prompt_token_ids[plan.prompt_tokens :])
-        except (EngineStoppedError, ValueError, TypeError) as exc:
+        except EngineStoppedError:
+            # The engine died (this worker is about to stop): the job is not at fault, another GPU
+            # worker takes it, from the tokens already published.
+            log.warning("engine stopped; handing %s back", response_id)
+            self._publisher.forget(response_id)
+            self._engine.release_slot()
+            if self._generations.hand_back(response_id, fence, int(time.time() * 1000)):
+                self._dispatch(response_id)
+        except (ValueError, TypeError) as exc:
             log.error("engine refused %s: %s", response_id, exc)
             self._publisher.forget(response_id)
             self._engine.release_slot()

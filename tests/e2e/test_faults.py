@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -516,3 +517,46 @@ def test_redis_restarted_without_its_data_processes_reconnect(make_stack: StackF
     answer = stack.client().responses.create(model=MODEL, input="Say hello.", temperature=0)
     assert answer.output_text == scenario("hello").completion
     assert all(role.alive() for role in stack.group.processes)
+
+
+# --- one request's numbers ---------------------------------------------------------------------
+
+
+def test_tiny_temperatures_answer_greedily_beside_a_normal_stream(make_stack: StackFactory) -> None:
+    """``temperature: 1e-40`` passes validation; divided by it, the logits overflowed, the draw
+    from their NaN softmax raised, and the engine died with every response in its batch. Now it
+    decodes greedily, its neighbour streams on, and the GPU worker stays up."""
+    stack = make_stack()
+    events: list[dict[str, Any]] = []
+    streaming = threading.Event()
+
+    def neighbour() -> None:
+        with stack.client().responses.create(model=MODEL, stream=True, **LONG) as stream:
+            for event in stream:
+                events.append(as_dict(event))
+                if count_deltas(events) == DELTAS_BEFORE_FAULT:
+                    streaming.set()
+
+    thread = threading.Thread(target=neighbour, name="neighbour-stream")
+    thread.start()
+    try:
+        assert streaming.wait(RECOVERY_BOUND_S), stack.logs()
+        client = stack.client()
+        tiny = {
+            t: client.responses.create(model=MODEL, input="Say hello.", temperature=t) for t in (1e-40, 1e-30)
+        }
+        greedy = client.responses.create(model=MODEL, input="Say hello.", temperature=0)
+        # The tiny ones ran beside the long stream (it was still generating when they ended).
+        assert events[-1]["type"] not in ("response.completed", "response.incomplete", "response.failed")
+    finally:
+        thread.join(timeout=120)
+    assert not thread.is_alive()
+    assert greedy.output_text == scenario("hello").completion
+    for temperature, answer in tiny.items():
+        assert answer.status == "completed", (temperature, answer.error)
+        assert answer.output_text == greedy.output_text, temperature
+    final = check_stream(events)
+    assert final["status"] == "incomplete" and final["usage"]["output_tokens"] == LONG_TOKENS
+    worker = stack.gpu_workers[0]
+    assert worker.alive()
+    assert "engine failed" not in worker.log_tail(400) and "non-finite" not in worker.log_tail(400)

@@ -144,8 +144,8 @@ def test_the_start_entry_goes_out_with_the_first_tokens_in_one_round_trip(
     publisher.step(0)
     assert stream(r, job.response_id) == [
         StartEntry(3),
-        TokensEntry([11, 12]),
-        TokensEntry([13, EOS]),
+        TokensEntry([11, 12], start=0),
+        TokensEntry([13, EOS], start=2),
         FinishEntry("stop", 3, 4),
     ]
     assert engine.released == 1 and publisher.active_count == 0
@@ -185,4 +185,5 @@ def test_a_resumed_request_does_not_repeat_its_start_entry(r: redis.Redis) -> No
         GenerationOutput(job.response_id, generated_tokens=[12], status=RequestStatus.DECODING)
     )
     publisher.step(0)
-    assert stream(r, job.response_id) == [StartEntry(3), TokensEntry([11]), TokensEntry([12])]
+    # Its tokens carry their position in the whole output, counting the lost worker's.
+    assert stream(r, job.response_id) == [StartEntry(3), TokensEntry([11]), TokensEntry([12], start=1)]

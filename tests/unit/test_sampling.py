@@ -123,6 +123,6 @@ def test_choose_tokens_reads_transformers_argument_rows() -> None:
     arguments[1, :3] = torch.tensor([1, 200, 1], dtype=torch.int32)
     arguments[2, :3] = torch.tensor([1.0, 1e-6, 1.0]).view(torch.int32)
     for graph_safe in (False, True):
-        tokens = choose_tokens(logits, arguments, rows, graph_safe)
+        tokens = choose_tokens(logits, arguments, rows, graph_safe).tokens
         # Rows 0 and 2 are greedy (top_k 1); row 1 samples from a nucleus of one token.
         assert tokens.tolist() == logits.argmax(dim=-1).tolist()
