@@ -19,6 +19,7 @@ from api.caller import Caller
 from api.errors import OpenAIError, rate_limited
 from api.http import json_response
 from api.state import AppState
+from resq.logs import printable
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,10 @@ class Gate:
             caller = state.keyring.authenticate(Headers(scope=scope).get("authorization"))
             await _check_rate(state, caller)
         except OpenAIError as error:
-            # Never the header itself: the key must not reach a log.
-            log.info("%s %s refused (%d): %s", scope["method"], scope["path"], error.status_code, error.code)
+            # Never the header itself: the key must not reach a log. The path is the client's,
+            # decoded (`%0A` is a newline): escaped, it cannot start a forged log line.
+            path = printable(scope["path"])
+            log.info("%s %s refused (%d): %s", scope["method"], path, error.status_code, error.code)
             await json_response(error.body(), error.status_code, error.headers)(scope, receive, send)
             return
         scope[CALLER_SCOPE_KEY] = caller

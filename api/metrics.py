@@ -20,6 +20,8 @@ from resq.events import types
 
 UNMATCHED_ROUTE = "<unmatched>"
 """Route label of requests that matched no route (their raw paths would explode cardinality)."""
+CLIENT_CLOSED_REQUEST = 499
+"""Status of a request whose client left before its answer (nginx's code; nobody receives it)."""
 
 DELTA_TYPES = frozenset(
     {

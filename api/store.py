@@ -232,7 +232,14 @@ class ResponseStore:
 
     async def delete(self, stored: StoredResponse) -> bool:
         """Remove every key of ``stored`` (a running generation is told to stop); False if already gone."""
-        response_id = stored.response_id
+        return await self.delete_keys(stored.response_id)
+
+    async def delete_keys(self, response_id: str) -> bool:
+        """Remove every key of ``response_id`` in one step, as :meth:`delete` does.
+
+        A generation still running keeps only the cancel flag (expiring on its own), which
+        stops the GPU worker; the post-processors write nothing to a response that is gone.
+        """
         record, flag = keys.record(response_id), keys.cancel(response_id)
         others = [key for key in keys.all_keys(response_id) if key not in (record, flag)]
         status = await self._redis.eval(

@@ -24,6 +24,7 @@ from resq.events import types
 from resq.events.emitter import EncodedEvent, EventEmitter
 from resq.logs import bind_response_id
 from resq.options import ProcessingOptions
+from resq.prompt_tokens import PromptTooLongError
 from resq.recovery import generations
 from resq.sealed import SealError
 from resq.wire import GenerationJob
@@ -165,16 +166,27 @@ def _tool_choice_echo(request: CreateResponseRequest) -> Any:
 
 
 def render_prompt(
-    tokenizer: TextTokenizer, messages: list[dict[str, Any]], plan: GenerationPlan
+    tokenizer: TextTokenizer,
+    messages: list[dict[str, Any]],
+    plan: GenerationPlan,
+    max_tokens: int | None = None,
+    wanted_output: int = 1,
 ) -> list[int]:
-    """Prompt token ids of the conversation, through the model's chat template."""
+    """Prompt token ids of the conversation, through the model's chat template.
+
+    Every client string is tokenized as text, never as control tokens. A prompt that must
+    have more than ``max_tokens`` tokens is a 400 ``context_length_exceeded`` before the
+    tokenizer runs (``wanted_output`` is for the error's message). CPU-bound: off the event loop.
+    """
     try:
-        text = tokenizer.render(messages, plan.template_tools, plan.template_context)
+        token_ids = tokenizer.prompt_ids(messages, plan.template_tools, plan.template_context, max_tokens)
     except ChatTemplateError as exc:
         raise invalid_value(
             f"The model's chat template rejected the input: {exc}", "input", "invalid_prompt"
         ) from exc
-    token_ids = tokenizer.encode(text)
+    except PromptTooLongError as exc:
+        context_length = tokenizer.card.context_length
+        raise context_length_exceeded(context_length, f"at least {exc.at_least}", wanted_output) from None
     if not token_ids:
         raise invalid_value("The input renders to an empty prompt.", "input")
     return token_ids
@@ -199,15 +211,20 @@ def generation_limit(
     wanted = request.max_output_tokens or default
     room = context_length - prompt_tokens
     if room < 1 or (request.max_output_tokens is not None and room < request.max_output_tokens):
-        raise OpenAIError(
-            400,
-            f"This model's maximum context length is {context_length} tokens. However, your input has "
-            f"{prompt_tokens} tokens and asks for {wanted} output tokens. Please reduce the input or "
-            "max_output_tokens.",
-            param="input",
-            code="context_length_exceeded",
-        )
+        raise context_length_exceeded(context_length, str(prompt_tokens), wanted)
     return min(wanted, room)
+
+
+def context_length_exceeded(context_length: int, prompt_tokens: str, wanted: int) -> OpenAIError:
+    """The 400 for a prompt (``prompt_tokens`` long, as said) that leaves too little room."""
+    return OpenAIError(
+        400,
+        f"This model's maximum context length is {context_length} tokens. However, your input has "
+        f"{prompt_tokens} tokens and asks for {wanted} output tokens. Please reduce the input or "
+        "max_output_tokens.",
+        param="input",
+        code="context_length_exceeded",
+    )
 
 
 async def accept(state: AppState, request: CreateResponseRequest, caller: Caller) -> Accepted:
@@ -260,11 +277,24 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
     )
     # Compiling a grammar can take a while for a large schema: never on the event loop.
     grammar = await asyncio.to_thread(request_grammar, request, plan, tokenizer)
+    # The forced prefix is server text: its markup must stay control tokens.
     forced_ids = tokenizer.encode(plan.forced_prefix) if plan.forced_prefix else []
-    prompt_ids = render_prompt(tokenizer, messages, plan) + forced_ids
-    limit = generation_limit(
-        request, len(prompt_ids), tokenizer.card.context_length, min(settings.default_max_output_tokens, cap)
+    context_length = tokenizer.card.context_length
+    default_output = min(settings.default_max_output_tokens, cap)
+    # Rendering and tokenizing take seconds for a few MB: never on the event loop, and never
+    # on more text than the context can hold (render_prompt refuses that before tokenizing).
+    # The bound leaves out max_output_tokens: a prompt that fits is counted exactly, below.
+    max_prompt_tokens = context_length - len(forced_ids) - 1
+    prompt_ids = await state.off_loop(
+        render_prompt,
+        tokenizer,
+        messages,
+        plan,
+        max_prompt_tokens,
+        request.max_output_tokens or default_output,
     )
+    prompt_ids += forced_ids
+    limit = generation_limit(request, len(prompt_ids), context_length, default_output)
 
     model = tokenizer.card.name
     created = initial_response(request, response_id, model, background, store)

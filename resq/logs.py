@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import threading
 from collections.abc import Iterator
@@ -75,9 +76,32 @@ def json_formatter(role: str) -> logging.Formatter:
     )
 
 
+_CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character (newlines too) written as its escape (``\\n``)."""
+    return _CONTROL_CHARACTERS.sub(lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
+
+
+class _PrintableFormatter(logging.Formatter):
+    """Writes each message on one line: client text in it (a path's ``%0A``) cannot forge a line.
+
+    Only the message is escaped: a traceback that follows it keeps its lines.
+    """
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        message = record.message
+        record.message = printable(message)
+        try:
+            return super().formatMessage(record)
+        finally:
+            record.message = message
+
+
 def text_formatter(role: str) -> logging.Formatter:
-    """The human format: time, level, role, logger, message."""
-    return logging.Formatter(f"%(asctime)s %(levelname)s [{role}] %(name)s: %(message)s")
+    """The human format: time, level, role, logger, message (control characters escaped)."""
+    return _PrintableFormatter(f"%(asctime)s %(levelname)s [{role}] %(name)s: %(message)s")
 
 
 def configure_logging(level: str, role: str, log_format: str = "text") -> None:

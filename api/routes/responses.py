@@ -11,7 +11,7 @@ from starlette.responses import Response
 
 from api import metrics
 from api.deps import CallerDep, StateDep
-from api.errors import OpenAIError, response_not_found
+from api.errors import response_not_found
 from api.http import json_response, raw_json_response
 from api.relay import event_stream_response, follow_event_batches, sse_chunks, wait_for_terminal
 from api.schemas import CreateResponseRequest
@@ -34,9 +34,23 @@ async def _cancel_generation(state: AppState, response_id: str) -> None:
 
 
 async def _forget_unstored(state: AppState, response_id: str) -> None:
-    """Drop the keys of a ``store=false`` response once its client has it."""
+    """Drop the keys of a ``store=false`` response once its client has it, or has left.
+
+    Nobody can read it again either way. A generation still running keeps only its cancel
+    flag (:meth:`api.store.ResponseStore.delete_keys`): the GPU worker stops within a step,
+    and nothing of it outlives the flag's TTL.
+    """
     with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_TIMEOUT_S):
-        await state.redis.delete(*keys.all_keys(response_id))
+        await state.store.delete_keys(response_id)
+
+
+async def _client_left(state: AppState, accepted: Accepted) -> None:
+    """The client of a foreground response left before its end: stop it, and drop it if unstored."""
+    if accepted.store:
+        await _cancel_generation(state, accepted.response_id)
+    else:
+        await _forget_unstored(state, accepted.response_id)
+        log.info("client left %s before it ended; unstored, so dropped", accepted.response_id)
 
 
 async def _stream_new_response(state: AppState, accepted: Accepted) -> AsyncIterator[bytes]:
@@ -48,8 +62,8 @@ async def _stream_new_response(state: AppState, accepted: Accepted) -> AsyncIter
         finished = True
     finally:
         if not finished and not accepted.background:
-            await _cancel_generation(state, accepted.response_id)
-        if finished and not accepted.store:
+            await _client_left(state, accepted)
+        elif finished and not accepted.store:
             await _forget_unstored(state, accepted.response_id)
 
 
@@ -80,13 +94,13 @@ async def _wait_for_final(state: AppState, accepted: Accepted, request: Request)
             # Starlette reports a disconnect only when asked: poll.
             while not await request.is_disconnected():  # noqa: ASYNC110
                 await anyio.sleep(0.5)
-            await _cancel_generation(state, response_id)
+            await _client_left(state, accepted)
             group.cancel_scope.cancel()
 
         group.start_soon(wait)
         group.start_soon(watch_client)
-    if not result:  # the client left: nobody reads this answer
-        raise OpenAIError(500, "The client left before the response completed.", type="server_error")
+    if not result:  # the client left: nobody reads this answer, and no server error happened
+        return Response(status_code=metrics.CLIENT_CLOSED_REQUEST)
     if result[0] is None:
         # Deleted (or expired) while generating: a 5xx would make the SDK retry, creating it again.
         raise response_not_found(response_id)

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.e2e
 
 GLOBAL_KEYS = {
     b"resq:models",
+    b"resq:models:served",
     b"resq:workers:gpu",
     b"resq:workers:postprocess",
     b"resq:generations",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 import uuid
@@ -13,7 +14,9 @@ from typing import ClassVar
 import pytest
 import redis
 from click.testing import CliRunner
+from starlette.testclient import TestClient
 
+from api.main import create_app
 from resq import keys
 from resq.cli import main
 from resq.healthcheck import check
@@ -131,3 +134,23 @@ def test_the_command_exits_non_zero_and_says_why() -> None:
     result = CliRunner().invoke(main, ["healthcheck", "postprocess-worker", "--redis-url", dead_redis])
     assert result.exit_code == 1
     assert result.output.startswith("unhealthy: Redis at") and "does not answer" in result.output
+
+
+def test_the_open_health_endpoint_never_says_where_redis_is(
+    redis_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``/health`` needs no key: Redis' host and port go to the log, not to whoever asks."""
+    where = "Error 111 connecting to redis-internal.example:6390. Connection refused."
+
+    async def refused() -> None:
+        raise redis.exceptions.ConnectionError(where)
+
+    with TestClient(create_app(Settings(redis_url=redis_url, postprocess_workers=1))) as client:
+        monkeypatch.setattr(client.app.state.resq.redis, "ping", refused)  # type: ignore[attr-defined]
+        with caplog.at_level(logging.WARNING, logger="api.routes.health"):
+            reply = client.get("/health")
+    assert reply.status_code == 503
+    report = reply.json()
+    assert report["redis"] == "unreachable" and "redis" in report["missing"]
+    assert "redis-internal" not in reply.text and "6390" not in reply.text
+    assert any(where in record.getMessage() for record in caplog.records)

@@ -1,4 +1,4 @@
-"""JSON log lines parse, name their role, and carry the id of the response they are about."""
+"""Log lines: JSON lines parse, name their role and carry their response id; text lines stay one line."""
 
 from __future__ import annotations
 
@@ -12,8 +12,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from starlette.testclient import TestClient
 
-from resq.logs import ResponseIdFilter, about, bind_response_id, json_formatter, response_context
+from api.main import create_app
+from resq.logs import (
+    ResponseIdFilter,
+    about,
+    bind_response_id,
+    json_formatter,
+    response_context,
+    text_formatter,
+)
+from resq.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 RESPONSE_ID = "resp_" + "ab" * 16
@@ -117,3 +127,40 @@ def test_a_process_in_json_mode_writes_only_json_lines_even_when_it_crashes() ->
     crash = records[-1]
     assert crash["level"] == "CRITICAL" and "SystemError: crash" in crash["exc_info"]
     assert crash["response_id"] == RESPONSE_ID and crash["role"] == "api"
+
+
+def test_a_text_line_stays_one_line_whatever_the_client_sent() -> None:
+    """A decoded `%0A` in a logged path must not start a line that looks like the server's own."""
+    buffer = io.StringIO()
+    handler = logging.StreamHandler(buffer)
+    handler.setFormatter(text_formatter("api"))
+    logger = logging.getLogger("tests.logs.text")
+    logger.handlers[:] = [handler]
+    logger.propagate = False
+    forged = "/v1/x\n2026-01-01 00:00:00,000 INFO [api] api.auth: key sk-admin accepted\r\x1b[2K\u2028"
+    try:
+        logger.warning("GET %s refused", forged)
+        try:
+            raise RuntimeError("boom")
+        except RuntimeError:
+            logger.exception("failed at %s", forged)
+    finally:
+        logger.handlers.clear()
+    refused, failed, *traceback = buffer.getvalue().splitlines()
+    assert refused.endswith(
+        "GET /v1/x\\n2026-01-01 00:00:00,000 INFO [api] api.auth: key sk-admin accepted\\r\\x1b[2K\\u2028 refused"
+    )
+    assert "failed at /v1/x\\n" in failed
+    # The traceback keeps its lines.
+    assert traceback[0] == "Traceback (most recent call last):" and traceback[-1] == "RuntimeError: boom"
+
+
+def test_a_refused_request_logs_its_path_escaped(redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    settings = Settings(redis_url=redis_url, postprocess_workers=1, api_keys="sk-resq-" + "a" * 24)
+    with TestClient(create_app(settings)) as client, caplog.at_level(logging.INFO, logger="api.gate"):
+        reply = client.get("/v1/models%0A2026-01-01%20INFO%20forged")
+    assert reply.status_code == 401
+    (record,) = [record for record in caplog.records if record.name == "api.gate"]
+    line = json_formatter("api").format(record)
+    assert "refused" in record.getMessage() and "\n" not in record.getMessage()
+    assert json.loads(line)["message"].startswith("GET /v1/models\\n2026-01-01 INFO forged refused")
