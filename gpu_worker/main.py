@@ -99,7 +99,13 @@ def run(settings: Settings) -> None:
     threading.Thread(target=_watch_engine, args=(publisher,), name="engine-watch", daemon=True).start()
 
     service = GenerationService(
-        redis, engine, publisher, generations, worker_id, dispatch=lambda rid: send_generation(app, rid)
+        redis,
+        engine,
+        publisher,
+        generations,
+        worker_id,
+        dispatch=lambda rid: send_generation(app, rid),
+        model=card.name,
     )
     register_generate_task(app, service)
     release = WorkRelease(

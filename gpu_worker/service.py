@@ -33,8 +33,11 @@ class GenerationService:
         generations: Generations,
         worker_id: str,
         dispatch: Callable[[str], None],
+        model: str | None = None,
     ) -> None:
+        """``model``: the served name of this worker's model; a job that names another fails."""
         self._redis = redis
+        self._model = model
         self._engine = engine
         self._publisher = publisher
         self._generations = generations
@@ -70,6 +73,15 @@ class GenerationService:
         if isinstance(plan, FinishEntry):
             # The lost worker had generated everything; only its finish entry was missing.
             self._publisher.finish_unstarted(response_id, fence, plan)
+            return
+        if self._model is not None and claim.job.model != self._model:
+            # The API rendered the prompt with another model's tokenizer and template: generating
+            # it here would serve the wrong model. (resq serves one model per deployment; a
+            # restart with another model under one Redis is the way this happens.)
+            message = f"The job is for model {claim.job.model!r}; this GPU worker serves {self._model!r}."
+            log.error("not generating %s: %s", response_id, message)
+            entry = FinishEntry("error", plan.prompt_tokens, plan.already_generated, message)
+            self._publisher.finish_unstarted(response_id, fence, entry)
             return
         if plan.already_generated:
             log.info(

@@ -259,7 +259,9 @@ class AsyncModelCatalog:
     A card outlives the worker that registered it (a restart with another model leaves it in
     the hash); it counts only while some GPU worker serving it beat within ``served_within_s``
     (:data:`resq.keys.MODELS_SERVED`), so ``/v1/models`` lists what is served now and a request
-    naming a model no worker serves is a 404, never rendered with a stale tokenizer.
+    naming a model the workers no longer serve is a 404, never rendered with a stale tokenizer.
+    While no GPU worker is alive at all (a restart), the last cards stand: their requests wait
+    for a worker, as a job does, and a worker that comes back with another model refuses them.
     """
 
     def __init__(self, redis: AsyncRedis, served_within_s: float) -> None:
@@ -275,9 +277,10 @@ class AsyncModelCatalog:
         pipe = self._redis.pipeline(transaction=False)
         pipe.hget(keys.MODELS, name)
         pipe.zscore(keys.MODELS_SERVED, name)
-        raw_card, last_beat = await pipe.execute()
+        pipe.zrange(keys.MODELS_SERVED, -1, -1, withscores=True)
+        raw_card, last_beat, newest = await pipe.execute()
         card_json = optional_bytes(raw_card)
-        if card_json is None or not served_now(last_beat, self._served_within_s):
+        if card_json is None or not self._counts(last_beat, scored_members(newest)):
             self._entries.pop(name, None)
             return None
         card = ModelCard.model_validate_json(card_json)
@@ -290,6 +293,13 @@ class AsyncModelCatalog:
         self._entries[name] = entry
         return entry.tokenizer
 
+    def _counts(self, last_beat: float | None, newest: list[tuple[bytes, float]]) -> bool:
+        # Served now; or no model is (every GPU worker is down or restarting): then the last
+        # cards stand, and their jobs wait for a worker as before (RESQ_GPU_LOST_TIMEOUT_S).
+        if served_now(last_beat, self._served_within_s):
+            return True
+        return not newest or not served_now(newest[0][1], self._served_within_s)
+
     async def cards(self) -> list[ModelCard]:
         """The cards of the models a live GPU worker serves now."""
         pipe = self._redis.pipeline(transaction=False)
@@ -297,11 +307,11 @@ class AsyncModelCatalog:
         pipe.zrange(keys.MODELS_SERVED, 0, -1, withscores=True)
         raw, beats = await pipe.execute()
         last_beats = {name.decode(): score for name, score in scored_members(beats)}
-        now = time.time()
+        newest = sorted(scored_members(beats), key=lambda member: member[1])[-1:]
         return [
             ModelCard.model_validate_json(value)
             for name, value in cast(dict[bytes, bytes], raw).items()
-            if served_now(last_beats.get(name.decode()), self._served_within_s, now)
+            if self._counts(last_beats.get(name.decode()), newest)
         ]
 
 

@@ -70,11 +70,21 @@ def test_a_card_counts_only_while_a_worker_serving_it_beats(private_redis: Priva
     assert found and sorted(listed) == ["live", "stale"]
 
 
-def test_a_card_without_any_beat_is_not_served(private_redis: PrivateRedis) -> None:
+def test_a_card_without_any_beat_is_not_served_while_another_model_is(private_redis: PrivateRedis) -> None:
     client: redis.Redis = private_redis.client()
     client.flushdb()
     client.hset(keys.MODELS, "orphan", card("orphan").model_dump_json())  # written by an old version
-    assert _lookup(private_redis.url, "orphan") == (False, [])
+    register_model(client, card("live"), tiny_tokenizer().tokenizer.to_str())
+    assert _lookup(private_redis.url, "orphan") == (False, ["live"])
+
+
+def test_while_no_worker_is_alive_the_last_cards_stand(private_redis: PrivateRedis) -> None:
+    """A restart of the only GPU worker: requests wait for it (and fail after the lost timeout)."""
+    client: redis.Redis = private_redis.client()
+    client.flushdb()
+    register_model(client, card("only"), tiny_tokenizer().tokenizer.to_str())
+    client.zadd(keys.MODELS_SERVED, {"only": time.time() - 3 * SERVED_WITHIN_S})
+    assert _lookup(private_redis.url, "only") == (True, ["only"])
 
 
 def test_served_now_and_renders_like() -> None:
