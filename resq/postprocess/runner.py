@@ -146,7 +146,12 @@ def run_postprocess(
                 ttl_s,
             )
         processor = ResponseProcessor(
-            response_id, created, tokenizer, options, sealer_from_settings(settings)
+            response_id,
+            created,
+            tokenizer,
+            options,
+            # Deriving the keys is an HMAC and a cipher set-up: only for responses that seal reasoning.
+            sealer_from_settings(settings) if options.seal_reasoning_for is not None else None,
         )
         run = _Run(
             redis,

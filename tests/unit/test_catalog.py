@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 import redis
 from redis.asyncio import Redis as AsyncRedis
 
@@ -17,16 +14,6 @@ from tests.support.redis_server import PrivateRedis
 from tests.support.tokenizer import tiny_tokenizer
 
 SERVED_WITHIN_S = 10.0
-
-
-@pytest.fixture(scope="module")
-def private_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateRedis]:
-    server = PrivateRedis(Path(tmp_path_factory.mktemp("catalog-redis")))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def card(name: str, **fields: object) -> ModelCard:

@@ -9,7 +9,6 @@ replays its tokens into a fresh matcher and stays within the grammar.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +19,7 @@ from gpu_worker.model_loading import LoadedModel, load_model
 from resq.grammars import AnswerShape, build_grammar
 from resq.settings import BUILTIN_MODEL, Settings
 from resq.wire import GenerationJob
+from tests.support.engine import batch_tokens, greedy_job
 from tests.support.schemas import SCHEMAS, follows
 
 MAX_TOKENS = 160
@@ -55,33 +55,14 @@ def schema_grammar(schema: dict[str, Any]) -> str:
 
 
 def make_job(response_id: str, prompt_ids: list[int], **fields: Any) -> GenerationJob:
-    values: dict[str, Any] = {"max_output_tokens": MAX_TOKENS, "temperature": 0.0, "top_p": 1.0, **fields}
-    return GenerationJob(response_id=response_id, model="resq-tiny", prompt_token_ids=prompt_ids, **values)
+    return greedy_job(response_id, prompt_ids, MAX_TOKENS, **{"model": "resq-tiny", **fields})
 
 
 def run_all(
     engine: Engine, jobs: list[GenerationJob], generated: dict[str, list[int]] | None = None
 ) -> dict[str, list[int]]:
     """Run ``jobs`` in one batch; the tokens each generated."""
-    for job in jobs:
-        assert engine.acquire_slot(5)
-        engine.add(job, (generated or {}).get(job.response_id))
-    results: dict[str, list[int]] = {}
-    deadline = time.monotonic() + 300
-    try:
-        while len(results) < len(jobs) and time.monotonic() < deadline:
-            for output in engine.next_outputs(0.5):
-                if output.is_finished():
-                    results[output.request_id] = list(output.generated_tokens)
-                    engine.forget(output.request_id)
-                    engine.release_slot()
-    finally:
-        for job in jobs:
-            if job.response_id not in results:
-                engine.cancel(job.response_id)
-                engine.release_slot()
-    assert len(results) == len(jobs), "some generations did not finish"
-    return results
+    return batch_tokens(engine, jobs, generated, timeout_s=300)
 
 
 def answer(loaded: LoadedModel, tokens: list[int]) -> str:

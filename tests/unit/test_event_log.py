@@ -14,7 +14,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -43,14 +42,6 @@ TEXT = "Hello! The answer is 4, and the question was long forgotten by then."
 """ASCII: every token adds text, so every entry adds a delta (tests wait for them)."""
 FAST = Backoff(attempts=3, first_delay_s=0.01, max_delay_s=0.01)
 WAIT_S = 10.0
-
-
-@pytest.fixture(scope="module")
-def private_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateRedis]:
-    server = PrivateRedis(Path(tmp_path_factory.mktemp("event-log-redis")))
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

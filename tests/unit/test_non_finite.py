@@ -39,6 +39,7 @@ from resq.recovery.generations import Resumption as Plan
 from resq.redis_types import range_entries
 from resq.settings import BUILTIN_MODEL, Settings
 from resq.wire import FinishEntry, GenerationJob, decode_entry
+from tests.support.engine import chat_prompt_ids, greedy_job, run_batch
 
 MODES = [pytest.param(False, id="eager"), pytest.param(True, id="graph-safe")]
 NAN = float("nan")
@@ -208,39 +209,16 @@ def engine(loaded: LoadedModel) -> Iterator[Engine]:
 
 @pytest.fixture(scope="module")
 def prompt_ids(loaded: LoadedModel) -> list[int]:
-    messages = [{"role": "user", "content": "Describe a zebra in many words."}]
-    text = loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    assert isinstance(text, str)
-    return list(loaded.tokenizer(text, add_special_tokens=False)["input_ids"])
+    return chat_prompt_ids(loaded, "Describe a zebra in many words.")
 
 
 def job(response_id: str, prompt_ids: list[int], **options: object) -> GenerationJob:
-    fields: dict[str, object] = {"max_output_tokens": MAX_TOKENS, "temperature": 0.0, "top_p": 1.0, **options}
-    return GenerationJob.model_validate(
-        {"response_id": response_id, "model": "fixture", "prompt_token_ids": prompt_ids, **fields}
-    )
+    return greedy_job(response_id, prompt_ids, MAX_TOKENS, **options)
 
 
 def run_all(engine: Engine, jobs: list[GenerationJob]) -> dict[str, GenerationOutput]:
     """Run ``jobs`` in one batch; the final output of each."""
-    for request in jobs:
-        assert engine.acquire_slot(5)
-        engine.add(request)
-    results: dict[str, GenerationOutput] = {}
-    deadline = time.monotonic() + 120
-    try:
-        while len(results) < len(jobs) and time.monotonic() < deadline and engine.is_running():
-            for output in engine.next_outputs(0.5):
-                if output.is_finished():
-                    results[output.request_id] = output
-                    engine.forget(output.request_id)
-                    engine.release_slot()
-    finally:
-        for request in jobs:
-            if request.response_id not in results:
-                engine.cancel(request.response_id)
-                engine.release_slot()
-    return results
+    return run_batch(engine, jobs)
 
 
 def test_tiny_temperatures_decode_greedily(engine: Engine, prompt_ids: list[int]) -> None:

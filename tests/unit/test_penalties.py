@@ -8,7 +8,6 @@ generated less likely than every token it did not.
 from __future__ import annotations
 
 import math
-import time
 from collections import Counter
 from collections.abc import Iterator
 
@@ -22,6 +21,7 @@ from gpu_worker.penalties import INITIAL_ROWS, Penalties, apply_penalties
 from gpu_worker.sampling import next_tokens
 from resq.settings import BUILTIN_MODEL, Settings
 from resq.wire import GenerationJob
+from tests.support.engine import batch_tokens, chat_prompt_ids, greedy_job
 
 CPU = torch.device("cpu")
 
@@ -202,42 +202,18 @@ def engine(loaded: LoadedModel) -> Iterator[Engine]:
 @pytest.fixture(scope="module")
 def prompt_ids(loaded: LoadedModel) -> list[int]:
     """A chat prompt; greedy decoding of the random model repeats one token after it."""
-    messages = [{"role": "user", "content": "Describe a zebra in many words."}]
-    text = loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    assert isinstance(text, str)
-    return list(loaded.tokenizer(text, add_special_tokens=False)["input_ids"])
+    return chat_prompt_ids(loaded, "Describe a zebra in many words.")
 
 
 def job(response_id: str, prompt_ids: list[int], **options: object) -> GenerationJob:
-    fields: dict[str, object] = {"max_output_tokens": MAX_TOKENS, "temperature": 0.0, "top_p": 1.0, **options}
-    return GenerationJob.model_validate(
-        {"response_id": response_id, "model": "fixture", "prompt_token_ids": prompt_ids, **fields}
-    )
+    return greedy_job(response_id, prompt_ids, MAX_TOKENS, **options)
 
 
 def run_all(
     engine: Engine, jobs: list[GenerationJob], generated: dict[str, list[int]] | None = None
 ) -> dict[str, list[int]]:
     """Run ``jobs`` in one batch (``generated``: tokens each replays); the tokens each generated."""
-    for request in jobs:
-        assert engine.acquire_slot(5)
-        engine.add(request, (generated or {}).get(request.response_id))
-    results: dict[str, list[int]] = {}
-    deadline = time.monotonic() + 120
-    try:
-        while len(results) < len(jobs) and time.monotonic() < deadline:
-            for output in engine.next_outputs(0.5):
-                if output.is_finished():
-                    results[output.request_id] = list(output.generated_tokens)
-                    engine.forget(output.request_id)
-                    engine.release_slot()
-    finally:
-        for request in jobs:
-            if request.response_id not in results:
-                engine.cancel(request.response_id)
-                engine.release_slot()
-    assert len(results) == len(jobs), "some generations did not finish"
-    return results
+    return batch_tokens(engine, jobs, generated)
 
 
 def reference(

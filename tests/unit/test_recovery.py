@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -35,14 +34,6 @@ from tests.support.redis_server import PrivateRedis
 RESPONSE = "resp_" + "a" * 32
 OTHER = "resp_" + "b" * 32
 TTL_S = 3600
-
-
-@pytest.fixture(scope="module")
-def private_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateRedis]:
-    server = PrivateRedis(Path(tmp_path_factory.mktemp("recovery-redis")))
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture
