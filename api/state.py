@@ -18,6 +18,7 @@ from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
 from api.auth import KeyRing, parse_api_keys
+from api.conversations import ConversationStore
 from api.event_hub import EventHub
 from api.inline import InlinePostprocessor
 from api.rate_limit import RateLimiter
@@ -54,6 +55,7 @@ class AppState:
     redis: AsyncRedis
     catalog: AsyncModelCatalog
     store: ResponseStore
+    conversations: ConversationStore
     celery: Celery
     inline: InlinePostprocessor | None
     # Finds lost work (dead GPU workers, dead post-processors, lost messages); see resq.recovery.
@@ -95,6 +97,7 @@ class AppState:
             redis=redis,
             catalog=AsyncModelCatalog(redis, settings.worker_ttl_s),
             store=ResponseStore(redis, settings.transient_ttl_s),
+            conversations=ConversationStore(redis, settings.store_ttl_s),
             celery=celery,
             inline=inline,
             reaper_redis=reaper_redis,

@@ -33,3 +33,16 @@ def item_id(prefix: str, response_id: str, output_index: int) -> str:
 def input_item_id(response_id: str, index: int) -> str:
     """The id given to the ``index``-th input item of a response when the client sent none."""
     return item_id("in", response_id, index)
+
+
+CONVERSATION_ID_PATTERN = re.compile(r"^conv_[0-9a-f]{32}$")
+
+
+def new_conversation_id() -> str:
+    """A fresh ``conv_`` id: 32 random hex digits."""
+    return "conv_" + secrets.token_hex(16)
+
+
+def is_conversation_id(value: str) -> bool:
+    """Whether ``value`` is shaped like a conversation id this server issues."""
+    return CONVERSATION_ID_PATTERN.fullmatch(value) is not None

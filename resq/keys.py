@@ -145,3 +145,42 @@ def sequence_number_of(entry_id: bytes | str) -> int:
 def celery_queue(queue: str) -> str:
     """List: messages waiting in a Celery queue (kombu's Redis transport names it after the queue)."""
     return queue
+
+
+# The keys of one conversation share the hash tag ``{conv_...}``, so that the scripts of
+# resq.conversations, which touch all four, stay legal on a Redis Cluster.
+
+
+def _conversation(conversation_id: str, suffix: str) -> str:
+    return f"{PREFIX}:{{{conversation_id}}}:{suffix}"
+
+
+def conversation(conversation_id: str) -> str:
+    """Hash: ``owner`` (the creating key's fingerprint), ``created_at`` (unix seconds) and
+    ``metadata`` (JSON) of one conversation; the conversation exists while this key does."""
+    return _conversation(conversation_id, "conversation")
+
+
+def conversation_items(conversation_id: str) -> str:
+    """List: the conversation's item ids, in conversation order (each id once)."""
+    return _conversation(conversation_id, "items")
+
+
+def conversation_item_data(conversation_id: str) -> str:
+    """Hash: item id -> the item's JSON, for every id of :func:`conversation_items`."""
+    return _conversation(conversation_id, "item_data")
+
+
+def conversation_appended(conversation_id: str) -> str:
+    """Set: ids of the responses whose items were appended already (the exactly-once marker)."""
+    return _conversation(conversation_id, "appended")
+
+
+def conversation_keys(conversation_id: str) -> tuple[str, str, str, str]:
+    """Every key of one conversation, in the order the scripts of resq.conversations take them."""
+    return (
+        conversation(conversation_id),
+        conversation_items(conversation_id),
+        conversation_item_data(conversation_id),
+        conversation_appended(conversation_id),
+    )

@@ -1,5 +1,5 @@
-"""API keys end to end: 401 without a valid key on every ``/v1`` endpoint, responses isolated between
-keys (404 / ``previous_response_not_found`` for another key's response), the per-key rate limit,
+"""API keys end to end: 401 without a valid key on every ``/v1`` endpoint, responses and conversations
+isolated between keys (404 / ``previous_response_not_found`` for another key's), the per-key rate limit,
 and no key in Redis or in the logs; the official SDK in strict mode.
 
 One API process with the keys (in a key file) serves the whole module. It runs in the inline
@@ -86,7 +86,7 @@ def finished_background(client: OpenAI) -> str:
     return created.id
 
 
-def every_v1_call(client: OpenAI, response_id: str) -> list[tuple[str, Any]]:
+def every_v1_call(client: OpenAI, response_id: str, conversation_id: str) -> list[tuple[str, Any]]:
     """One SDK call of each ``/v1`` endpoint, as ``(name, thunk)``."""
     return [
         ("models.list", lambda: client.models.list()),
@@ -100,12 +100,41 @@ def every_v1_call(client: OpenAI, response_id: str) -> list[tuple[str, Any]]:
         ("responses.cancel", lambda: client.responses.cancel(response_id)),
         ("responses.delete", lambda: client.responses.delete(response_id)),
         ("responses.input_items.list", lambda: client.responses.input_items.list(response_id)),
+        *every_conversation_call(client, conversation_id),
+    ]
+
+
+def every_conversation_call(
+    client: OpenAI, conversation_id: str, item_id: str = "msg_1"
+) -> list[tuple[str, Any]]:
+    """One SDK call of each ``/v1/conversations`` endpoint on ``conversation_id``, as ``(name, thunk)``."""
+    conversations = client.conversations
+    return [
+        ("conversations.create", lambda: conversations.create(items=[{"role": "user", "content": "Hi"}])),
+        ("conversations.retrieve", lambda: conversations.retrieve(conversation_id)),
+        ("conversations.update", lambda: conversations.update(conversation_id, metadata={"k": "v"})),
+        ("conversations.delete", lambda: conversations.delete(conversation_id)),
+        ("conversations.items.list", lambda: conversations.items.list(conversation_id)),
+        (
+            "conversations.items.create",
+            lambda: conversations.items.create(conversation_id, items=[{"role": "user", "content": "Hi"}]),
+        ),
+        (
+            "conversations.items.retrieve",
+            lambda: conversations.items.retrieve(item_id, conversation_id=conversation_id),
+        ),
+        (
+            "conversations.items.delete",
+            lambda: conversations.items.delete(item_id, conversation_id=conversation_id),
+        ),
     ]
 
 
 def test_every_v1_endpoint_needs_a_valid_key(auth_stack: Stack, redis_client: redis.Redis) -> None:
     owned = finished_background(sdk(auth_stack, KEY_A))
-    for name, call in every_v1_call(sdk(auth_stack, "sk-not-a-key"), owned):
+    first_item: Any = {"role": "user", "content": "Hi", "id": "msg_1"}
+    conversation = sdk(auth_stack, KEY_A).conversations.create(items=[first_item]).id
+    for name, call in every_v1_call(sdk(auth_stack, "sk-not-a-key"), owned, conversation):
         with pytest.raises(openai.AuthenticationError) as caught:
             call()
         assert caught.value.status_code == 401, name
@@ -126,6 +155,15 @@ def test_every_v1_endpoint_needs_a_valid_key(auth_stack: Stack, redis_client: re
         ("POST", f"/v1/responses/{owned}/cancel", None),
         ("DELETE", f"/v1/responses/{owned}", None),
         ("GET", f"/v1/responses/{owned}/input_items", None),
+        ("POST", "/v1/conversations", {"items": [{"role": "user", "content": "Hi"}]}),
+        ("GET", f"/v1/conversations/{conversation}", None),
+        ("POST", f"/v1/conversations/{conversation}", {"metadata": {"k": "v"}}),
+        ("DELETE", f"/v1/conversations/{conversation}", None),
+        ("GET", f"/v1/conversations/{conversation}/items", None),
+        ("POST", f"/v1/conversations/{conversation}/items", {"items": [{"role": "user", "content": "Hi"}]}),
+        ("GET", f"/v1/conversations/{conversation}/items/msg_1", None),
+        ("DELETE", f"/v1/conversations/{conversation}/items/msg_1", None),
+        ("GET", "/v1/conversations/not-an-id", None),
         # The gate answers before routing and parsing: nothing else about the request shows.
         ("GET", "/v1/no-such-endpoint", None),
         ("GET", "/v1/responses/not-an-id", None),
@@ -152,6 +190,10 @@ def test_every_v1_endpoint_needs_a_valid_key(auth_stack: Stack, redis_client: re
     # None of the refused calls touched the response.
     assert sdk(auth_stack, KEY_A).responses.retrieve(owned).status == "completed"
     assert redis_client.hget(f"resq:{{{owned}}}:response", "owner") == fingerprint(KEY_A).encode()
+    alice = sdk(auth_stack, KEY_A)
+    assert [item.id for item in alice.conversations.items.list(conversation)] == ["msg_1"]
+    assert alice.conversations.retrieve(conversation).metadata == {}
+    assert redis_client.hget(f"resq:{{{conversation}}}:conversation", "owner") == fingerprint(KEY_A).encode()
 
 
 def test_another_key_cannot_reach_a_response(auth_stack: Stack, redis_client: redis.Redis) -> None:
@@ -212,6 +254,61 @@ def test_another_key_cannot_reach_a_response(auth_stack: Stack, redis_client: re
     alice.responses.delete(owned)
     with pytest.raises(openai.NotFoundError):
         alice.responses.retrieve(owned)
+
+
+def test_another_key_cannot_reach_a_conversation(auth_stack: Stack, redis_client: redis.Redis) -> None:
+    alice, bob = sdk(auth_stack, KEY_A), sdk(auth_stack, KEY_B)
+    first_item: Any = {"role": "user", "content": "My name is Ada.", "id": "msg_1"}
+    owned = alice.conversations.create(items=[first_item], metadata={"who": "alice"})
+    not_found = f"Conversation with id '{owned.id}' not found."
+
+    for name, call in every_conversation_call(bob, owned.id):
+        if name == "conversations.create":
+            continue
+        with pytest.raises(openai.NotFoundError) as caught:
+            call()
+        assert caught.value.body == {
+            "message": not_found,
+            "type": "invalid_request_error",
+            "param": "conversation_id",
+            "code": None,
+        }, name
+    # On the wire, the same 404 as for an id that never existed, whatever the query.
+    unknown = "conv_" + "0" * 32
+    for conversation_id, message in (
+        (owned.id, not_found),
+        (unknown, f"Conversation with id '{unknown}' not found."),
+    ):
+        for path in ("", "/items?limit=1&order=asc", "/items?after=msg_1", "/items/msg_1"):
+            reply = httpx.get(
+                f"{auth_stack.base_url}/v1/conversations/{conversation_id}{path}",
+                headers={"Authorization": f"Bearer {KEY_B}"},
+                timeout=30,
+            )
+            assert reply.status_code == 404 and error_of(reply)["message"] == message, (path, reply.text)
+
+    # Bob's conversations are Bob's, and Alice cannot reach them either.
+    own = bob.conversations.create(items=[{"role": "user", "content": "I am Bob."}])
+    assert [item.type for item in bob.conversations.items.list(own.id)] == ["message"]
+    with pytest.raises(openai.NotFoundError):
+        alice.conversations.items.list(own.id)
+    with pytest.raises(openai.NotFoundError):
+        alice.conversations.items.create(own.id, items=[{"role": "user", "content": "Hi Bob"}])
+    assert len(bob.conversations.items.list(own.id).data) == 1
+
+    # Alice's conversation is untouched by Bob's attempts: no item added or deleted, same metadata.
+    assert alice.conversations.retrieve(owned.id) == owned
+    items = alice.conversations.items.list(owned.id)
+    assert [item.id for item in items] == ["msg_1"]
+    assert alice.conversations.items.retrieve("msg_1", conversation_id=owned.id).model_dump(
+        exclude_none=True
+    )["content"] == [{"type": "input_text", "text": "My name is Ada."}]
+    record = redis_client.hgetall(f"resq:{{{owned.id}}}:conversation")
+    assert record[b"owner"] == fingerprint(KEY_A).encode()
+    assert not any(KEY_A.encode() in value for value in record.values())
+    alice.conversations.delete(owned.id)
+    with pytest.raises(openai.NotFoundError):
+        alice.conversations.retrieve(owned.id)
 
 
 def test_items_and_sealed_reasoning_are_the_owners_alone(auth_stack: Stack) -> None:
