@@ -202,6 +202,15 @@ class ItemReference(_Strict):
     id: str = Field(min_length=1)
 
 
+class CompactionItem(_Strict):
+    """A ``compaction`` item from ``POST /v1/responses/compact``: stands for every item before it."""
+
+    type: Literal["compaction"]
+    encrypted_content: str = Field(min_length=1)
+    id: str | None = None
+    created_by: str | None = None
+
+
 class UnsupportedItem(BaseModel):
     """Built-in tool calls and other items resq has no tools for."""
 
@@ -244,6 +253,7 @@ _ITEM_TAGS = (
     "custom_tool_call_output",
     "reasoning",
     "item_reference",
+    "compaction",
 )
 
 
@@ -262,6 +272,7 @@ InputItem = Annotated[
     | Annotated[CustomToolCallOutputItem, Tag("custom_tool_call_output")]
     | Annotated[ReasoningItem, Tag("reasoning")]
     | Annotated[ItemReference, Tag("item_reference")]
+    | Annotated[CompactionItem, Tag("compaction")]
     | Annotated[UnsupportedItem, Tag("other")],
     Discriminator(_item_tag),
 ]
@@ -591,8 +602,6 @@ class StreamOptions(_Strict):
 UNSUPPORTED_FIELDS = (
     "access_programs",
     "background_options",
-    "context_management",
-    "conversation",
     "image",
     "moderation",
     "prompt",
@@ -618,6 +627,21 @@ KNOWN_INCLUDES = frozenset(
     }
 )
 TOP_LOGPROBS_MAX = 20
+
+
+class ConversationRef(_Strict):
+    """``conversation: {"id": ...}`` (the long form of ``conversation: "conv_..."``)."""
+
+    id: str = Field(min_length=1)
+
+
+class ContextManagement(_Strict):
+    """``context_management: [{"type": "compaction", "compact_threshold": N}]``."""
+
+    type: Literal["compaction"]
+    compact_threshold: int | None = Field(None, ge=1, strict=True)
+    """Rendered input tokens past which the conversation is compacted before generating
+    (None: the model's context length minus the output budget)."""
 
 
 class CreateResponseRequest(_Strict):
@@ -668,8 +692,8 @@ class CreateResponseRequest(_Strict):
 
     access_programs: Any = None
     background_options: Any = None
-    context_management: Any = None
-    conversation: Any = None
+    context_management: list[ContextManagement] | None = Field(None, max_length=1)
+    conversation: str | ConversationRef | None = None
     image: Any = None
     moderation: Any = None
     prompt: Any = None
@@ -710,12 +734,19 @@ class CreateResponseRequest(_Strict):
             )
         return value
 
-    @field_validator("truncation")
-    @classmethod
-    def _no_truncation(cls, value: str | None) -> str | None:
-        if value == "auto":
-            raise unsupported("truncation 'auto' (a prompt over the context window gets a 400 instead)")
-        return value
+    @property
+    def conversation_id(self) -> str | None:
+        """The id ``conversation`` names (a string or ``{"id"}``), if any."""
+        if isinstance(self.conversation, ConversationRef):
+            return self.conversation.id
+        return self.conversation
+
+    @property
+    def compact_threshold(self) -> int | None:
+        """The rendered-input size past which ``context_management`` compacts first; None: never."""
+        for entry in self.context_management or []:
+            return entry.compact_threshold
+        return None
 
     @property
     def wants_logprobs(self) -> bool:
@@ -763,3 +794,50 @@ class CreateResponseRequest(_Strict):
                     {"limit": METADATA_MAX_VALUE_CHARS},
                 )
         return value
+
+
+class InputTokensRequest(CreateResponseRequest):
+    """``POST /v1/responses/input_tokens``: a create body, counted instead of generated.
+
+    ``model`` may be left out when the server serves one model.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"model": "resq-tiny", "input": "Say hello."}]},
+    )
+
+    model: str | None = Field(None, min_length=1)  # type: ignore[assignment]
+    personality: str | None = None
+
+
+class CompactRequest(_Strict):
+    """``POST /v1/responses/compact``: the conversation to compact into one ``compaction`` item."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"model": "resq-tiny", "input": "Say hello."}]},
+    )
+
+    model: str = Field(min_length=1)
+    input: str | list[InputItem] | None = None
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    prompt_cache_key: str | None = Field(None, max_length=256)
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"] | None = None
+    image: Any = None
+    prompt_cache_options: Any = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sane_body(cls, value: Any) -> Any:
+        check_raw_body(value)
+        return value
+
+    @field_validator("image", "prompt_cache_options", mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, value: Any, info: Any) -> Any:
+        if value is None:
+            return value
+        raise unsupported(f"The parameter {info.field_name!r}")

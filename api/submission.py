@@ -8,25 +8,25 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from api import compaction
 from api.caller import Caller
 from api.constraints import request_grammar
 from api.errors import OpenAIError, invalid_value, rate_limited
 from api.generation_plan import GenerationPlan, plan_generation
-from api.input_items import normalise_input
+from api.prompting import PromptRequest, RequestItems, context_length_exceeded, fit_prompt, gather_items
+from api.relay import wait_for_terminal
 from api.schemas import CreateResponseRequest, CustomTool, FunctionTool, JsonSchemaFormat, NamespaceTool, Tool
 from api.state import AppState
-from resq import ids, item_index, jsonutil, keys, sealed
+from resq import ids, item_index, jsonutil, keys
 from resq.catalog import TextTokenizer
-from resq.chat_template import ChatTemplateError
-from resq.conversation import continue_conversation, input_to_items, items_to_messages
+from resq.conversation import since_last_compaction
 from resq.events import builders as build
 from resq.events import types
 from resq.events.emitter import EncodedEvent, EventEmitter
 from resq.logs import bind_response_id
 from resq.options import ProcessingOptions
-from resq.prompt_tokens import PromptTooLongError
 from resq.recovery import generations
-from resq.sealed import SealError
+from resq.truncation import turn_starts
 from resq.wire import GenerationJob
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def initial_response(
     request: CreateResponseRequest, response_id: str, model: str, background: bool, store: bool
 ) -> dict[str, Any]:
     """The Response as ``response.created`` shows it: every SDK field, output empty."""
-    return {
+    response: dict[str, Any] = {
         "id": response_id,
         "object": "response",
         "created_at": int(time.time()),
@@ -85,11 +85,14 @@ def initial_response(
         "tools": [tool_echo(tool) for tool in request.tools or []],
         "top_logprobs": request.top_logprobs or 0,
         "top_p": DEFAULT_TOP_P if request.top_p is None else request.top_p,
-        "truncation": "disabled",
+        "truncation": request.truncation or "disabled",
         "usage": None,
         "user": request.user,
         "completed_at": None,
     }
+    if request.conversation_id is not None:
+        response["conversation"] = {"id": request.conversation_id}
+    return response
 
 
 _NULLABLE_TOOL_KEYS: dict[type[Any], tuple[str, ...]] = {
@@ -108,35 +111,6 @@ def tool_echo(tool: Tool) -> dict[str, Any]:
     if isinstance(tool, NamespaceTool):
         echoed["tools"] = [tool_echo(inner) for inner in tool.tools]
     return echoed
-
-
-async def resolve_input(state: AppState, items: list[dict[str, Any]], caller: Caller) -> list[dict[str, Any]]:
-    """``items`` with every ``item_reference`` replaced by the item it names, and sealed reasoning opened.
-
-    A reasoning item's ``encrypted_content`` (issued with ``include: ["reasoning.encrypted_content"]``)
-    becomes its ``content`` again, the reasoning text exactly as the model wrote it. A reference
-    to no item the caller may read, or a blob that does not open, is a 400 naming the item.
-    """
-    references = [
-        (index, item["id"]) for index, item in enumerate(items) if item.get("type") == "item_reference"
-    ]
-    resolved = await state.store.referenced_items(references, caller)
-    opened: list[dict[str, Any]] = []
-    for index, item in enumerate(items):
-        item = resolved.get(index, item)
-        blob = item.get("encrypted_content") if item.get("type") == "reasoning" else None
-        if isinstance(blob, str):
-            try:
-                text = state.sealer.open(sealed.REASONING, caller.owner, blob)
-            except SealError as exc:
-                raise invalid_value(
-                    f"Invalid 'input[{index}].encrypted_content': {exc}.",
-                    f"input[{index}].encrypted_content",
-                    "invalid_encrypted_content",
-                ) from None
-            item = {**item, "content": [{"type": "reasoning_text", "text": text}]}
-        opened.append(item)
-    return opened
 
 
 def _text_echo(request: CreateResponseRequest) -> dict[str, Any]:
@@ -165,33 +139,6 @@ def _tool_choice_echo(request: CreateResponseRequest) -> Any:
     return choice.model_dump()
 
 
-def render_prompt(
-    tokenizer: TextTokenizer,
-    messages: list[dict[str, Any]],
-    plan: GenerationPlan,
-    max_tokens: int | None = None,
-    wanted_output: int = 1,
-) -> list[int]:
-    """Prompt token ids of the conversation, through the model's chat template.
-
-    Every client string is tokenized as text, never as control tokens. A prompt that must
-    have more than ``max_tokens`` tokens is a 400 ``context_length_exceeded`` before the
-    tokenizer runs (``wanted_output`` is for the error's message). CPU-bound: off the event loop.
-    """
-    try:
-        token_ids = tokenizer.prompt_ids(messages, plan.template_tools, plan.template_context, max_tokens)
-    except ChatTemplateError as exc:
-        raise invalid_value(
-            f"The model's chat template rejected the input: {exc}", "input", "invalid_prompt"
-        ) from exc
-    except PromptTooLongError as exc:
-        context_length = tokenizer.card.context_length
-        raise context_length_exceeded(context_length, f"at least {exc.at_least}", wanted_output) from None
-    if not token_ids:
-        raise invalid_value("The input renders to an empty prompt.", "input")
-    return token_ids
-
-
 def stop_token_ids(tokenizer: TextTokenizer, plan: GenerationPlan) -> list[int]:
     """Tokens that end this request besides the model's own end tokens.
 
@@ -215,16 +162,90 @@ def generation_limit(
     return min(wanted, room)
 
 
-def context_length_exceeded(context_length: int, prompt_tokens: str, wanted: int) -> OpenAIError:
-    """The 400 for a prompt (``prompt_tokens`` long, as said) that leaves too little room."""
-    return OpenAIError(
-        400,
-        f"This model's maximum context length is {context_length} tokens. However, your input has "
-        f"{prompt_tokens} tokens and asks for {wanted} output tokens. Please reduce the input or "
-        "max_output_tokens.",
-        param="input",
-        code="context_length_exceeded",
+def prompt_request(
+    request: CreateResponseRequest,
+    items: RequestItems,
+    plan: GenerationPlan,
+    caller: Caller,
+    default_output: int,
+    forced_ids: list[int],
+    counting: bool = False,
+) -> PromptRequest:
+    """What :func:`api.prompting.fit_prompt` needs to render ``request``'s prompt."""
+    return PromptRequest(
+        items=items.conversation,
+        instructions=request.instructions,
+        plan=plan,
+        owner=caller.owner,
+        output_budget=request.max_output_tokens or default_output,
+        budget_is_explicit=request.max_output_tokens is not None,
+        reserved=len(forced_ids),
+        truncate=request.truncation == "auto",
+        counting=counting,
     )
+
+
+async def _compacted_if_over(
+    state: AppState,
+    request: CreateResponseRequest,
+    items: RequestItems,
+    plan: GenerationPlan,
+    tokenizer: TextTokenizer,
+    caller: Caller,
+    default_output: int,
+    forced_ids: list[int],
+) -> tuple[RequestItems, list[dict[str, Any]]]:
+    """``context_management`` compaction: past the threshold, the conversation is summarised first.
+
+    The summary is a generation of its own through the queue (:mod:`api.compaction`), waited for
+    here, before this response is recorded. Its compaction item stands for the whole conversation
+    so far, input included; the model then sees it and the last turn again, and the Response shows
+    it as its first output item (so a conversation, or a continuation, goes on from it).
+    """
+    counted = await state.off_loop(
+        fit_prompt,
+        tokenizer,
+        state.sealer,
+        prompt_request(request, items, plan, caller, default_output, forced_ids, counting=True),
+    )
+    context_length = tokenizer.card.context_length
+    threshold = request.compact_threshold or context_length - (request.max_output_tokens or default_output)
+    if len(counted.token_ids) + len(forced_ids) <= threshold:
+        return items, []
+    history = since_last_compaction(items.conversation)
+    budget = compaction.summary_budget(len(counted.token_ids), state.settings.compaction_max_output_tokens)
+    summarising = compaction.summary_of(tokenizer.card.name, history, request.instructions, budget)
+    summary = await accept(state, summarising, caller)
+    final_json = await wait_for_terminal(state.redis, summary.response_id)
+    await state.store.delete_keys(summary.response_id)
+    if final_json is None:
+        raise OpenAIError(500, "Compaction failed: the summary response vanished.", type="server_error")
+    final = compaction.finished_summary(final_json)
+    item = compaction.compaction_item(
+        state.sealer, caller.owner, summary.response_id, compaction.summary_text(final)
+    )
+    last_turn = turn_starts(items.conversation)[-1]
+    log.info(
+        "context_management: %d prompt tokens passed %d; compacted %d items with %s",
+        len(counted.token_ids) + len(forced_ids),
+        threshold,
+        len(history),
+        summary.response_id,
+    )
+    return RequestItems(items.own, [item, *items.conversation[last_turn:]], items.conversation_id), [item]
+
+
+async def served_tokenizer(state: AppState, model: str) -> TextTokenizer:
+    """The tokenizer (and card) of the served model ``model``; 404 ``model_not_found`` otherwise."""
+    tokenizer = await state.catalog.get(model)
+    if tokenizer is None:
+        raise OpenAIError(
+            404,
+            f"The model '{model}' does not exist or you do not have access to it.",
+            param="model",
+            code="model_not_found",
+        )
+    return tokenizer
 
 
 async def accept(state: AppState, request: CreateResponseRequest, caller: Caller) -> Accepted:
@@ -241,33 +262,10 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
             "max_output_tokens",
         )
 
-    tokenizer = await state.catalog.get(request.model)
-    if tokenizer is None:
-        raise OpenAIError(
-            404,
-            f"The model '{request.model}' does not exist or you do not have access to it.",
-            param="model",
-            code="model_not_found",
-        )
-    new_items = input_to_items(
-        [item.model_dump(exclude_none=True) for item in request.input]
-        if isinstance(request.input, list)
-        else request.input
-    )
-    if not new_items:
-        raise invalid_value("Missing required parameter: 'input'.", "input", "missing_required_parameter")
-    new_items = await resolve_input(state, new_items, caller)
+    tokenizer = await served_tokenizer(state, request.model)
     response_id = ids.new_response_id()
     bind_response_id(response_id)
-    own_items = normalise_input(new_items, response_id)
-    conversation = own_items
-    if request.previous_response_id is not None:
-        earlier = await state.store.earlier_conversation(request.previous_response_id, caller)
-        conversation = continue_conversation(earlier.conversation, earlier.output, own_items)
-    try:
-        messages = items_to_messages(conversation, request.instructions)
-    except ValueError as exc:
-        raise invalid_value(str(exc), "input") from exc
+    items = await gather_items(state, request, caller, response_id)
     plan = plan_generation(
         request,
         tokenizer.card,
@@ -281,19 +279,20 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
     forced_ids = tokenizer.encode(plan.forced_prefix) if plan.forced_prefix else []
     context_length = tokenizer.card.context_length
     default_output = min(settings.default_max_output_tokens, cap)
+    leading_output: list[dict[str, Any]] = []
+    if request.context_management:
+        items, leading_output = await _compacted_if_over(
+            state, request, items, plan, tokenizer, caller, default_output, forced_ids
+        )
     # Rendering and tokenizing take seconds for a few MB: never on the event loop, and never
     # on more text than the context can hold (render_prompt refuses that before tokenizing).
-    # The bound leaves out max_output_tokens: a prompt that fits is counted exactly, below.
-    max_prompt_tokens = context_length - len(forced_ids) - 1
-    prompt_ids = await state.off_loop(
-        render_prompt,
+    fitted = await state.off_loop(
+        fit_prompt,
         tokenizer,
-        messages,
-        plan,
-        max_prompt_tokens,
-        request.max_output_tokens or default_output,
+        state.sealer,
+        prompt_request(request, items, plan, caller, default_output, forced_ids),
     )
-    prompt_ids += forced_ids
+    prompt_ids = fitted.token_ids + forced_ids
     limit = generation_limit(request, len(prompt_ids), context_length, default_output)
 
     model = tokenizer.card.name
@@ -317,10 +316,13 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
         logprobs=plan.logprobs,
         reasoning_summary=request.reasoning is not None and request.reasoning.wants_summary,
         seal_reasoning_for=caller.owner if request.wants_encrypted_reasoning else None,
+        conversation_id=items.conversation_id,
+        leading_output=tuple(leading_output),
     )
     # The conversation is stored whole (not as a link to the earlier response), so a
-    # continuation keeps working when an earlier response expires or is deleted.
-    input_record = {"items": own_items, "conversation": conversation}
+    # continuation keeps working when an earlier response expires or is deleted. It is what
+    # the client sent, before truncation: a continuation truncates again if it must.
+    input_record = {"items": items.own, "conversation": items.conversation}
 
     job = GenerationJob(
         response_id=response_id,
@@ -368,7 +370,7 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
     pipe.set(keys.input_items(response_id), jsonutil.dumps(input_record), ex=ttl)
     if store:
         item_index.index_items(
-            pipe, caller.owner, response_id, own_items, item_index.INPUT, settings.store_ttl_s
+            pipe, caller.owner, response_id, items.own, item_index.INPUT, settings.store_ttl_s
         )
     generations.stage(pipe, job, ttl, int(time.time() * 1000))
     await pipe.execute()

@@ -15,7 +15,10 @@ templates expect:
   ``input`` as its one argument (``{"input": ...}``, how the custom tool was offered);
 - a call with a ``namespace`` names its tool ``namespace:name``, as the tool was offered;
 - a ``reasoning`` item is attached as ``reasoning_content`` to the assistant
-  message that follows it.
+  message that follows it;
+- a ``compaction`` item (opened: its ``summary``) stands for everything before it
+  (:func:`since_last_compaction`) and becomes part of the leading system message, so
+  templates that allow a system message only first still render it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from typing import Any
 Message = dict[str, Any]
 Item = dict[str, Any]
 
+COMPACTION_HEADER = "Summary of the conversation so far:\n"
+"""What precedes a compaction's summary in the system message the model sees."""
 CUSTOM_INPUT = "input"
 """The one parameter a custom tool is offered with: its call's text."""
 NAMESPACE_SEPARATOR = ":"
@@ -113,6 +118,12 @@ def items_to_messages(items: list[Item], instructions: str | None = None) -> lis
             messages.append({"role": "tool", "content": text, "tool_call_id": item["call_id"]})
         elif kind == "reasoning":
             pending_reasoning = content_text(item.get("content")) or content_text(item.get("summary"))
+        elif kind == "compaction":
+            summary = COMPACTION_HEADER + str(item.get("summary", ""))
+            if messages and messages[-1]["role"] == "system":
+                messages[-1]["content"] = f"{messages[-1]['content']}\n\n{summary}"
+            else:
+                messages.append({"role": "system", "content": summary})
         else:
             raise ValueError(f"input item of type {kind!r} cannot be rendered")
     return messages
@@ -129,6 +140,14 @@ def continue_conversation(
     request's ``instructions`` replace the earlier ones, as OpenAI documents.
     """
     return [*previous_conversation, *previous_output, *new_items]
+
+
+def since_last_compaction(items: list[Item]) -> list[Item]:
+    """``items`` from the last ``compaction`` item on: the compaction stands for everything before it."""
+    for index in range(len(items) - 1, -1, -1):
+        if items[index].get("type") == "compaction":
+            return items[index:]
+    return items
 
 
 def input_to_items(value: str | list[Item] | None) -> list[Item]:

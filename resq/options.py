@@ -7,6 +7,8 @@ host or another, builds exactly the same events.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict
 
 
@@ -41,3 +43,9 @@ class ProcessingOptions(BaseModel):
     seal_reasoning_for: str | None = None
     """``include: ["reasoning.encrypted_content"]``: seal each reasoning item's text for this owner
     (the caller's fingerprint, the blob's associated data); None: no ``encrypted_content``."""
+    conversation_id: str | None = None
+    """The ``conversation`` the response belongs to: its input and output items are appended to it
+    once, when it ends ``completed`` or ``incomplete``."""
+    leading_output: tuple[dict[str, Any], ...] = ()
+    """Output items made before generation, shown first (the compaction item of
+    ``context_management``)."""

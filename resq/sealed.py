@@ -85,6 +85,8 @@ class Sealer:
 
 REASONING = "reasoning"
 """The purpose of a reasoning item's ``encrypted_content``: the reasoning text as the model wrote it."""
+COMPACTION = "compaction"
+"""The purpose of a compaction item's ``encrypted_content``: the summary that stands for what came before."""
 
 
 DEFAULT_SECRET = b"resq/sealed-content/v1"

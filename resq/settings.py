@@ -72,6 +72,14 @@ class Settings(BaseSettings):
     default_max_output_tokens: int = Field(
         1024, ge=1, description="Generation limit when a request sets no `max_output_tokens`."
     )
+    compaction_max_output_tokens: int = Field(
+        512,
+        ge=16,
+        description=(
+            "Output budget of the summary `POST /v1/responses/compact` (and `context_management` "
+            "compaction) has the served model write."
+        ),
+    )
     seed: int | None = Field(None, description="Sampling seed of the engine; unset: random.")
     logprobs: bool = Field(
         True,

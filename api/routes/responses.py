@@ -1,4 +1,4 @@
-"""``/v1/responses``: create (streaming or not, background or not)."""
+"""``/v1/responses``: create (streaming or not, background or not), count input tokens, compact."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from api import metrics
+from api.compaction import compacted_response, summary_budget, summary_request
 from api.deps import CallerDep, StateDep
 from api.errors import response_not_found
 from api.http import json_response, raw_json_response
+from api.input_tokens import count_input_tokens
 from api.relay import event_stream_response, follow_event_batches, sse_chunks, wait_for_terminal
-from api.schemas import CreateResponseRequest
+from api.schemas import CompactRequest, CreateResponseRequest, InputTokensRequest
 from api.state import AppState
 from api.submission import Accepted, accept
 from resq import keys
@@ -81,6 +83,14 @@ async def create_response(
 
 
 async def _wait_for_final(state: AppState, accepted: Accepted, request: Request) -> Response:
+    final = await _final_json(state, accepted, request)
+    if final is None:  # the client left: nobody reads this answer, and no server error happened
+        return Response(status_code=metrics.CLIENT_CLOSED_REQUEST)
+    return raw_json_response(final)
+
+
+async def _final_json(state: AppState, accepted: Accepted, request: Request) -> bytes | None:
+    """The final Response JSON of a foreground response; None when the client left first."""
     response_id = accepted.response_id
     async with anyio.create_task_group() as group:
         result: list[bytes | None] = []
@@ -99,12 +109,35 @@ async def _wait_for_final(state: AppState, accepted: Accepted, request: Request)
 
         group.start_soon(wait)
         group.start_soon(watch_client)
-    if not result:  # the client left: nobody reads this answer, and no server error happened
-        return Response(status_code=metrics.CLIENT_CLOSED_REQUEST)
+    if not result:
+        return None
     if result[0] is None:
         # Deleted (or expired) while generating: a 5xx would make the SDK retry, creating it again.
         raise response_not_found(response_id)
     metrics.record_delivered_json(result[0])
     if not accepted.store:
         await _forget_unstored(state, response_id)
-    return raw_json_response(result[0])
+    return result[0]
+
+
+@router.post("/responses/input_tokens", response_model=None)
+async def input_tokens(body: InputTokensRequest, state: StateDep, caller: CallerDep) -> Response:
+    """The number of prompt tokens a create with this body would give the engine."""
+    count = await count_input_tokens(state, body, caller)
+    return json_response({"object": "response.input_tokens", "input_tokens": count})
+
+
+@router.post("/responses/compact", response_model=None)
+async def compact(body: CompactRequest, state: StateDep, caller: CallerDep, request: Request) -> Response:
+    """The conversation compacted into one ``compaction`` item, its summary written by the served model."""
+    counting = InputTokensRequest.model_validate(
+        body.model_dump(include={"model", "input", "instructions", "previous_response_id"}, exclude_none=True)
+    )
+    conversation_tokens = await count_input_tokens(state, counting, caller)
+    budget = summary_budget(conversation_tokens, state.settings.compaction_max_output_tokens)
+    summarising = summary_request(body, budget)
+    accepted = await accept(state, summarising, caller)
+    final = await _final_json(state, accepted, request)
+    if final is None:
+        return Response(status_code=metrics.CLIENT_CLOSED_REQUEST)
+    return json_response(compacted_response(final, state.sealer, caller.owner))

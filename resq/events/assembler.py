@@ -74,6 +74,12 @@ class OutputAssembler:
             return self._custom_tool_call(segment)
         return self._function_call(segment)
 
+    def add_finished(self, item: dict[str, Any]) -> list[Event]:
+        """An item made before generation (a compaction), added and done at once at the next index."""
+        index = self._next_index()
+        self.items.append(item)
+        return [build.output_item_added(index, item), build.output_item_done(index, item)]
+
     def close(self, status: ItemStatus) -> list[Event]:
         """Close the open item, if any, with ``status`` (end of generation)."""
         if self._open is None:

@@ -81,6 +81,7 @@ class ResponseProcessor:
         """Characters of decoded output so far (where the next token's text starts)."""
         self._assembler = OutputAssembler(response_id, _reasoning_output(options, sealer))
         self._started = False
+        self._leading_output = [dict(item) for item in options.leading_output]
         self.reasoning_tokens = 0
         self.finish: FinishEntry | None = None
 
@@ -101,6 +102,11 @@ class ResponseProcessor:
         if not self._started and not (isinstance(entry, FinishEntry) and entry.output_tokens == 0):
             self._started = True
             events.append(build.response_event(types.IN_PROGRESS, self.in_progress_response()))
+        if self._leading_output:
+            # Items the API made before generation (a context_management compaction) come first.
+            leading, self._leading_output = self._leading_output, []
+            for item in leading:
+                events += self._assembler.add_finished(item)
         if isinstance(entry, TokensEntry):
             if self._forced_prefix_ids:
                 # The answer starts with the tokens the API forced (tool_choice): the parsers

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from redis import Redis
 
-from resq import item_index, jsonutil, keys
+from resq import conversations, item_index, jsonutil, keys
 from resq.catalog import ModelCatalog
 from resq.events import types
 from resq.events.emitter import EncodedEvent, EventEmitter
@@ -161,6 +162,9 @@ def run_postprocess(
             ttl_s,
             settings.transient_ttl_s,
             optional_text(owner) if store_flag == b"1" else None,
+            _ConversationAppend(options.conversation_id, settings.store_ttl_s)
+            if options.conversation_id is not None
+            else None,
         )
         try:
             return run.run(keep_going)
@@ -171,6 +175,18 @@ def run_postprocess(
             if rebuild == MAX_REBUILDS:
                 raise
     raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class _ConversationAppend:
+    """Where a response that belongs to a conversation appends its items when it ends."""
+
+    conversation_id: str
+    ttl_s: int
+
+
+APPENDED_STATUSES = frozenset({"completed", "incomplete"})
+"""The final statuses whose input and output items join the response's conversation."""
 
 
 class _Run:
@@ -185,6 +201,7 @@ class _Run:
         ttl_s: int,
         cancel_flag_ttl_s: int,
         index_owner: str | None,
+        conversation: _ConversationAppend | None = None,
     ) -> None:
         self._redis = redis
         self._response_id = response_id
@@ -193,6 +210,7 @@ class _Run:
         self._ttl_s = ttl_s
         self._cancel_flag_ttl_s = cancel_flag_ttl_s
         self._index_owner = index_owner
+        self._conversation = conversation
         self._consumed = ConsumedTokens()
         self._prompt_tokens = 0
 
@@ -282,6 +300,8 @@ class _Run:
         if status == "missing":
             return status
         self._index_output(stored)
+        if status in APPENDED_STATUSES:
+            self._append_to_conversation(stored)
         self._writer.append([processor.terminal_event(status, stored)])
         redis.delete(keys.tokens(response_id))
         return status
@@ -323,6 +343,33 @@ class _Run:
             self._index_output(failed.response_json if status == "failed" else cancelled.response_json)
             self._redis.delete(keys.tokens(self._response_id))
         return status
+
+    def _append_to_conversation(self, stored: bytes) -> None:
+        """Append the response's input and output items to its conversation, exactly once.
+
+        After the final record and before the terminal event: a client that sees the end can
+        list the items. A takeover that finishes the response again appends nothing twice (the
+        script refuses a response id it appended before); a conversation deleted meanwhile
+        gets nothing.
+        """
+        if self._conversation is None:
+            return
+        conversation_id, ttl_s = self._conversation.conversation_id, self._conversation.ttl_s
+        response_id = self._response_id
+        raw_input = self._redis.get(keys.input_items(response_id))
+        own: list[dict[str, Any]] = jsonutil.loads(raw_input)["items"] if raw_input else []
+        output: list[dict[str, Any]] = jsonutil.loads(stored).get("output", [])
+        arguments = conversations.append_arguments(ttl_s, response_id, [*own, *output])
+
+        def write() -> str:
+            outcome = self._redis.eval(
+                conversations.APPEND_LUA, 4, *keys.conversation_keys(conversation_id), *arguments
+            )
+            return outcome.decode() if isinstance(outcome, bytes) else str(outcome)
+
+        outcome = retrying(write, f"the conversation items of {response_id}", WRITE_BACKOFF)
+        if outcome == "missing":
+            log.info("conversation %s is gone; %s appends nothing to it", conversation_id, response_id)
 
     def _index_output(self, stored: bytes) -> None:
         if self._index_owner is None:

@@ -12,8 +12,9 @@ from tokenizers import Tokenizer
 
 from api.errors import OpenAIError, validation_error_to_openai
 from api.generation_plan import THINKING_SWITCH, plan_generation, plan_tools, thinking_context, wants_logprobs
+from api.prompting import render_prompt
 from api.schemas import CreateResponseRequest
-from api.submission import initial_response, render_prompt, stop_token_ids
+from api.submission import initial_response, stop_token_ids
 from resq.catalog import TextTokenizer
 from resq.cli import main
 from resq.conversation import input_to_items, items_to_messages
@@ -211,7 +212,8 @@ def test_the_response_echoes_what_was_asked() -> None:
         ),
         ({"tool_choice": {"type": "web_search"}}, "tool_choice.type", "unsupported_parameter"),
         ({"top_logprobs": 1}, "top_logprobs", "unsupported_parameter"),
-        ({"truncation": "auto"}, "truncation", "unsupported_parameter"),
+        ({"truncation": "sometimes"}, "truncation", "invalid_value"),
+        ({"context_management": [{"type": "summary"}]}, "context_management[0].type", "invalid_value"),
         ({"reasoning": {"mode": "pro"}}, "reasoning.mode", "unsupported_parameter"),
         ({"reasoning": {"context": "all_turns"}}, "reasoning.context", "unsupported_parameter"),
         ({"tools": [{**WEATHER, "async": True}]}, "tools[0].async", "unsupported_parameter"),

@@ -13,7 +13,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre
 import resq.prompt_tokens
 from api.errors import OpenAIError
 from api.generation_plan import GenerationPlan
-from api.submission import render_prompt
+from api.prompting import render_prompt
 from resq.catalog import TextTokenizer
 from resq.conversation import items_to_messages
 from resq.prompt_tokens import ClientTextEscaper, PromptEncoder, PromptTooLongError

@@ -1,0 +1,290 @@
+"""From a request to the prompt the engine sees: its items, its history, truncation, its token ids.
+
+``POST /v1/responses`` and ``POST /v1/responses/input_tokens`` share this path, so
+the count the second returns is exactly the prompt the first would enqueue.
+
+1. :func:`gather_items`: the request's input (references resolved, sealed
+   reasoning opened, compaction items checked) and the history it continues:
+   a ``previous_response_id``'s conversation or a ``conversation``'s items.
+2. :func:`fit_prompt` (CPU-bound: on the prompt pool): the items from the last
+   compaction on, through the chat template, and for ``truncation: "auto"`` the
+   oldest turns dropped until prompt and output budget fit the context
+   (:mod:`resq.truncation`), found by bisection over the number of turns.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from api.caller import Caller
+from api.errors import OpenAIError, invalid_value
+from api.generation_plan import GenerationPlan
+from api.input_items import normalise_input
+from api.schemas import CreateResponseRequest
+from api.state import AppState
+from resq import sealed
+from resq.catalog import TextTokenizer
+from resq.chat_template import ChatTemplateError
+from resq.conversation import continue_conversation, input_to_items, items_to_messages, since_last_compaction
+from resq.prompt_tokens import PromptTooLongError
+from resq.sealed import Sealer, SealError
+from resq.truncation import drop_oldest_turns, droppable_turns
+
+log = logging.getLogger(__name__)
+
+Item = dict[str, Any]
+
+DEFAULT_ANSWER_SHARE = 4
+"""Without ``max_output_tokens``, truncation leaves the answer 1/this of the context (or the default, if less)."""
+COUNT_BOUND_CONTEXTS = 4
+"""``input_tokens`` counts a prompt up to this many context lengths (beyond: a 400, as a create)."""
+
+
+@dataclass(frozen=True)
+class RequestItems:
+    """The items of one request: its own (as ``input_items`` lists them) and all the model is given."""
+
+    own: list[Item]
+    """The request's input items, normalised, with ids."""
+    conversation: list[Item]
+    """The history it continues, then ``own``: what the model sees before truncation."""
+    conversation_id: str | None = None
+    """The ``conversation`` the response belongs to, if any."""
+
+
+@dataclass(frozen=True)
+class FittedPrompt:
+    """The prompt's token ids, and what truncation left out to fit them."""
+
+    token_ids: list[int]
+    dropped_turns: int = 0
+    dropped_items: int = 0
+
+
+async def resolve_input(state: AppState, items: list[Item], caller: Caller) -> list[Item]:
+    """``items`` with every ``item_reference`` replaced by the item it names, and sealed content opened.
+
+    A reasoning item's ``encrypted_content`` (issued with ``include: ["reasoning.encrypted_content"]``)
+    becomes its ``content`` again, the reasoning text exactly as the model wrote it. A compaction
+    item stays sealed (its summary is opened again for each prompt), but is checked here. A reference
+    to no item the caller may read, or a blob that does not open, is a 400 naming the item.
+    """
+    references = [
+        (index, item["id"]) for index, item in enumerate(items) if item.get("type") == "item_reference"
+    ]
+    resolved = await state.store.referenced_items(references, caller)
+    opened: list[Item] = []
+    for index, item in enumerate(items):
+        item = resolved.get(index, item)
+        kind = item.get("type")
+        blob = item.get("encrypted_content") if kind in ("reasoning", "compaction") else None
+        if isinstance(blob, str):
+            purpose = sealed.REASONING if kind == "reasoning" else sealed.COMPACTION
+            try:
+                text = state.sealer.open(purpose, caller.owner, blob)
+            except SealError as exc:
+                raise invalid_value(
+                    f"Invalid 'input[{index}].encrypted_content': {exc}.",
+                    f"input[{index}].encrypted_content",
+                    "invalid_encrypted_content",
+                ) from None
+            if kind == "reasoning":
+                item = {**item, "content": [{"type": "reasoning_text", "text": text}]}
+        opened.append(item)
+    return opened
+
+
+def conflicting_history(request: CreateResponseRequest) -> OpenAIError | None:
+    """The 400 for a request that names both kinds of history, if it does."""
+    if request.previous_response_id is not None and request.conversation is not None:
+        return invalid_value(
+            "Mutually exclusive parameters: 'previous_response_id' and 'conversation'. Send one: a "
+            "conversation already holds the earlier responses' items.",
+            "conversation",
+        )
+    return None
+
+
+async def gather_items(
+    state: AppState, request: CreateResponseRequest, caller: Caller, response_id: str
+) -> RequestItems:
+    """The request's items and the history it continues (400/404 for what cannot be continued)."""
+    conflict = conflicting_history(request)
+    if conflict is not None:
+        raise conflict
+    new_items = input_to_items(
+        [item.model_dump(exclude_none=True) for item in request.input]
+        if isinstance(request.input, list)
+        else request.input
+    )
+    if not new_items:
+        raise invalid_value("Missing required parameter: 'input'.", "input", "missing_required_parameter")
+    own = normalise_input(await resolve_input(state, new_items, caller), response_id)
+    conversation_id = request.conversation_id
+    if request.previous_response_id is not None:
+        earlier = await state.store.earlier_conversation(request.previous_response_id, caller)
+        return RequestItems(own, continue_conversation(earlier.conversation, earlier.output, own))
+    if conversation_id is not None:
+        # A client may have added sealed reasoning to the conversation: opened like input.
+        history = await resolve_input(
+            state, await state.conversations.prompt_items(conversation_id, caller), caller
+        )
+        return RequestItems(own, [*history, *own], conversation_id)
+    return RequestItems(own, own)
+
+
+def _opened_compactions(items: list[Item], sealer: Sealer, owner: str) -> list[Item]:
+    """``items`` with each compaction item's summary opened for the template (never stored so)."""
+    opened: list[Item] = []
+    for item in items:
+        if item.get("type") == "compaction":
+            try:
+                summary = sealer.open(sealed.COMPACTION, owner, str(item.get("encrypted_content", "")))
+            except SealError as exc:
+                raise invalid_value(
+                    f"A compaction item of the conversation cannot be opened: {exc}.",
+                    "input",
+                    "invalid_encrypted_content",
+                ) from None
+            item = {**item, "summary": summary}
+        opened.append(item)
+    return opened
+
+
+def context_length_exceeded(context_length: int, prompt_tokens: str, wanted: int) -> OpenAIError:
+    """The 400 for a prompt (``prompt_tokens`` long, as said) that leaves too little room."""
+    return OpenAIError(
+        400,
+        f"This model's maximum context length is {context_length} tokens. However, your input has "
+        f"{prompt_tokens} tokens and asks for {wanted} output tokens. Please reduce the input or "
+        "max_output_tokens, or send truncation 'auto'.",
+        param="input",
+        code="context_length_exceeded",
+    )
+
+
+def render_prompt(
+    tokenizer: TextTokenizer,
+    messages: list[dict[str, Any]],
+    plan: GenerationPlan,
+    max_tokens: int | None = None,
+    wanted_output: int = 1,
+) -> list[int]:
+    """Prompt token ids of the conversation, through the model's chat template.
+
+    Every client string is tokenized as text, never as control tokens. A prompt that must
+    have more than ``max_tokens`` tokens is a 400 ``context_length_exceeded`` before the
+    tokenizer runs (``wanted_output`` is for the error's message). CPU-bound: off the event loop.
+    """
+    try:
+        token_ids = tokenizer.prompt_ids(messages, plan.template_tools, plan.template_context, max_tokens)
+    except ChatTemplateError as exc:
+        raise invalid_value(
+            f"The model's chat template rejected the input: {exc}", "input", "invalid_prompt"
+        ) from exc
+    except PromptTooLongError as exc:
+        context_length = tokenizer.card.context_length
+        raise context_length_exceeded(context_length, f"at least {exc.at_least}", wanted_output) from None
+    if not token_ids:
+        raise invalid_value("The input renders to an empty prompt.", "input")
+    return token_ids
+
+
+@dataclass(frozen=True)
+class PromptRequest:
+    """What :func:`fit_prompt` renders: the items, how, and how much room the answer needs."""
+
+    items: list[Item]
+    instructions: str | None
+    plan: GenerationPlan
+    owner: str
+    output_budget: int
+    """The output tokens the request asks for (``max_output_tokens`` or the default)."""
+    budget_is_explicit: bool = False
+    """``max_output_tokens`` was sent; otherwise truncation keeps at most a quarter of the context
+    for the answer (:data:`DEFAULT_ANSWER_SHARE`), so a large default does not drop every turn."""
+    reserved: int = 0
+    """Prompt tokens added after rendering (the forced prefix)."""
+    truncate: bool = False
+    counting: bool = False
+    """For ``input_tokens``: count past the context (up to a bound) instead of refusing."""
+
+
+def _messages(request: PromptRequest, items: list[Item], sealer: Sealer) -> list[dict[str, Any]]:
+    try:
+        return items_to_messages(_opened_compactions(items, sealer, request.owner), request.instructions)
+    except ValueError as exc:
+        raise invalid_value(str(exc), "input") from exc
+
+
+def fit_prompt(tokenizer: TextTokenizer, sealer: Sealer, request: PromptRequest) -> FittedPrompt:
+    """The prompt for ``request``: everything from the last compaction on, truncated if asked and needed.
+
+    Without truncation the prompt must leave one token of room (a 400 otherwise, before
+    tokenizing when it is far too long). With it, the fewest oldest turns are dropped so
+    that the prompt leaves room for the whole output budget; when even the last turn alone
+    does not, that is what is rendered and the caller's limit check decides. CPU-bound.
+    """
+    context_length = tokenizer.card.context_length
+    items = since_last_compaction(request.items)
+    if request.counting and not request.truncate:
+        bound = COUNT_BOUND_CONTEXTS * context_length
+    else:
+        bound = context_length - request.reserved - 1
+    budget = request.output_budget
+    if not request.budget_is_explicit:
+        budget = min(budget, context_length // DEFAULT_ANSWER_SHARE)
+    full_room = context_length - request.reserved - budget
+    if not request.truncate:
+        messages = _messages(request, items, sealer)
+        return FittedPrompt(render_prompt(tokenizer, messages, request.plan, bound, request.output_budget))
+
+    def attempt(turns: int) -> list[int] | None:
+        kept = drop_oldest_turns(items, turns)
+        try:
+            return render_prompt(
+                tokenizer,
+                _messages(request, kept, sealer),
+                request.plan,
+                max(full_room, 0),
+                request.output_budget,
+            )
+        except OpenAIError as exc:
+            if exc.code != "context_length_exceeded":
+                raise
+            return None
+
+    whole = attempt(0)
+    if whole is not None and len(whole) <= full_room:
+        return FittedPrompt(whole)
+    # Fewest turns dropped such that the prompt fits: prompts shrink as turns go, so bisect.
+    low, high = 1, droppable_turns(items)
+    best: tuple[int, list[int]] | None = None
+    while low <= high:
+        middle = (low + high) // 2
+        token_ids = attempt(middle)
+        if token_ids is not None and len(token_ids) <= full_room:
+            best, high = (middle, token_ids), middle - 1
+        else:
+            low = middle + 1
+    if best is None:
+        # Not even the last turn leaves the whole budget: keep only it, and let the limit decide.
+        turns = droppable_turns(items)
+        kept = drop_oldest_turns(items, turns)
+        token_ids = render_prompt(
+            tokenizer, _messages(request, kept, sealer), request.plan, bound, request.output_budget
+        )
+        best = (turns, token_ids)
+    turns, token_ids = best
+    dropped = len(items) - len(drop_oldest_turns(items, turns))
+    if turns:
+        log.info(
+            "truncation auto: dropped the %d oldest turns (%d items) to fit %d prompt tokens in %d",
+            turns,
+            dropped,
+            len(token_ids) + request.reserved,
+            context_length,
+        )
+    return FittedPrompt(token_ids, turns, dropped)

@@ -1,0 +1,351 @@
+"""Long agent sessions, end to end: ``conversation`` on create, ``input_tokens``, ``truncation: "auto"``
+and compaction, with the official SDK (strict) and openai-agents' sessions, on the fixture model
+(a 1,024-token context).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import openai
+import pytest
+from agents import Agent, ModelSettings, OpenAIResponsesModel, RunConfig, Runner
+from agents.memory import OpenAIConversationsSession, SQLiteSession
+from agents.memory import openai_responses_compaction_session as compaction_session
+from openai import AsyncOpenAI, OpenAI
+
+from tests.e2e.conftest import MODEL, Stack
+from tests.support.invariants import as_dict, check_stream
+
+pytestmark = pytest.mark.e2e
+
+FIXTURE_CONTEXT = 1024
+
+
+def turn(index: int, words: int = 40) -> list[dict[str, Any]]:
+    """One user/assistant exchange of about ``words * 2`` tokens, numbered so it can be recognised."""
+    filler = " ".join(f"w{index}" for _ in range(words))
+    return [
+        {"type": "message", "role": "user", "content": f"Turn {index}: {filler}"},
+        {"type": "message", "role": "assistant", "content": f"Noted {index}."},
+    ]
+
+
+def long_history(turns: int) -> list[dict[str, Any]]:
+    return [item for index in range(turns) for item in turn(index)]
+
+
+def count(client: OpenAI, **body: Any) -> int:
+    counted = client.responses.input_tokens.count(model=MODEL, **body)
+    assert counted.object == "response.input_tokens"
+    return counted.input_tokens
+
+
+# --- conversation on create ------------------------------------------------------------------------
+
+
+def test_responses_in_a_conversation_see_and_extend_it(stack: Stack) -> None:
+    client = stack.client()
+    conversation = client.conversations.create(
+        items=[{"type": "message", "role": "user", "content": "My name is Ada."}], metadata={"topic": "names"}
+    )
+    first = client.responses.create(
+        model=MODEL, conversation=conversation.id, input="Say hello.", temperature=0, max_output_tokens=24
+    )
+    assert first.status == "completed"
+    assert first.conversation is not None and first.conversation.id == conversation.id
+    after_first = [item.id for item in client.conversations.items.list(conversation.id, order="asc")]
+    # The seeded item, then the response's input item, then its output items, each once.
+    assert after_first[2:] == [item.id for item in first.output]
+    assert len(after_first) == 2 + len(first.output)
+
+    # The next response sees everything before it: its prompt is longer than the input alone.
+    alone = count(client, input="Say hello.")
+    in_conversation = count(client, input="Say hello.", conversation=conversation.id)
+    assert in_conversation > alone
+    events = list(
+        client.responses.create(
+            model=MODEL,
+            conversation={"id": conversation.id},
+            input="Say hello.",
+            temperature=0,
+            max_output_tokens=24,
+            stream=True,
+        )
+    )
+    check_stream([as_dict(event) for event in events])
+    second = events[-1].response  # type: ignore[union-attr]
+    assert second.usage is not None and second.usage.input_tokens == in_conversation
+    after_second = [
+        item.id for item in client.conversations.items.list(conversation.id, order="asc", limit=100)
+    ]
+    assert after_second[: len(after_first)] == after_first
+    assert after_second[len(after_first) + 1 :] == [item.id for item in second.output]
+
+
+def test_two_responses_at_once_append_whole_in_completion_order(stack: Stack) -> None:
+    client = stack.client()
+    conversation = client.conversations.create()
+    started = [
+        client.responses.create(
+            model=MODEL,
+            conversation=conversation.id,
+            input=prompt,
+            background=True,
+            temperature=0,
+            max_output_tokens=budget,
+        )
+        for prompt, budget in (("Tell me a long story.", 64), ("Say hello.", 8))
+    ]
+    finished = [wait_done(client, response.id) for response in started]
+    listed = [item.id for item in client.conversations.items.list(conversation.id, order="asc", limit=100)]
+    blocks = {
+        response.id: [input_id(client, response.id), *[item.id for item in response.output]]
+        for response in finished
+    }
+    assert sorted(listed) == sorted(item for block in blocks.values() for item in block)
+    # Each response's items are contiguous (appended in one step), blocks in completion order.
+    starts = sorted((listed.index(block[0]), response_id) for response_id, block in blocks.items())
+    for position, response_id in starts:
+        assert listed[position : position + len(blocks[response_id])] == blocks[response_id]
+    by_completion = sorted(finished, key=lambda response: response.completed_at or 0)
+    if (by_completion[0].completed_at or 0) < (by_completion[1].completed_at or 0):
+        assert [response_id for _, response_id in starts] == [response.id for response in by_completion]
+
+
+def wait_done(client: OpenAI, response_id: str) -> Any:
+    for _ in range(600):
+        response = client.responses.retrieve(response_id)
+        if response.status not in ("queued", "in_progress"):
+            return response
+        asyncio.run(asyncio.sleep(0.1))
+    raise AssertionError(f"{response_id} did not finish")
+
+
+def input_id(client: OpenAI, response_id: str) -> str:
+    items = client.responses.input_items.list(response_id)
+    return items.data[0].id
+
+
+def test_a_response_in_a_deleted_conversation_still_completes(stack: Stack) -> None:
+    client = stack.client()
+    conversation = client.conversations.create()
+    started = client.responses.create(
+        model=MODEL,
+        conversation=conversation.id,
+        input="Tell me a long story.",
+        background=True,
+        max_output_tokens=48,
+    )
+    client.conversations.delete(conversation.id)
+    assert wait_done(client, started.id).status in ("completed", "incomplete")
+    with pytest.raises(openai.NotFoundError):
+        client.conversations.items.list(conversation.id)
+
+
+# --- input_tokens ----------------------------------------------------------------------------------
+
+
+def test_input_tokens_is_what_the_engine_is_given(stack: Stack) -> None:
+    client = stack.client()
+    body: dict[str, Any] = {
+        "input": "What is the weather in Paris?",
+        "instructions": "Answer briefly.",
+        "tools": [
+            {
+                "type": "function",
+                "name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            }
+        ],
+    }
+    counted = count(client, **body)
+    created = client.responses.create(model=MODEL, temperature=0, max_output_tokens=16, **body)
+    assert created.usage is not None and created.usage.input_tokens == counted
+    # Continuing from it counts the history too, exactly as the next create sees it.
+    follow = {"input": "Thanks.", "previous_response_id": created.id}
+    counted_next = count(client, **follow)
+    assert counted_next > count(client, input="Thanks.")
+    continued = client.responses.create(model=MODEL, temperature=0, max_output_tokens=8, **follow)
+    assert continued.usage is not None and continued.usage.input_tokens == counted_next
+    # `model` may be left out: the server serves one.
+    assert client.responses.input_tokens.count(input="What is the weather in Paris?").input_tokens > 0
+
+
+def test_input_tokens_counts_past_the_context(stack: Stack) -> None:
+    client = stack.client()
+    history = long_history(20)
+    over = count(client, input=history)
+    assert over > FIXTURE_CONTEXT
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model=MODEL, input=history, max_output_tokens=16)
+    assert caught.value.code == "context_length_exceeded"
+
+
+# --- truncation: auto ------------------------------------------------------------------------------
+
+
+def test_truncation_auto_drops_the_oldest_turns_only(stack: Stack) -> None:
+    client = stack.client()
+    history = long_history(20)
+    last = {"type": "message", "role": "user", "content": "Say hello."}
+    items = [*history, last]
+    auto = count(client, input=items, truncation="auto", extra_body={"max_output_tokens": 64})
+    assert auto + 64 <= FIXTURE_CONTEXT
+    # The count equals that of the conversation without its k oldest turns, for the smallest such k
+    # that fits: the dropped turns are the oldest ones, and no more of them than needed.
+    kept_counts = {k: count(client, input=[*history[2 * k :], last]) for k in range(len(history) // 2)}
+    fitting = [k for k, tokens in kept_counts.items() if tokens + 64 <= FIXTURE_CONTEXT]
+    assert kept_counts[min(fitting)] == auto
+
+    response = client.responses.create(
+        model=MODEL, input=items, truncation="auto", max_output_tokens=64, temperature=0
+    )
+    assert response.status in ("completed", "incomplete")
+    assert response.truncation == "auto"
+    assert response.usage is not None and response.usage.input_tokens == auto
+    # input_items are what the client sent, not what the model saw.
+    listed = client.responses.input_items.list(response.id, limit=100, order="asc")
+    assert len(listed.data) == len(items)
+
+
+def test_truncation_auto_in_a_conversation_longer_than_the_context(stack: Stack) -> None:
+    client = stack.client()
+    conversation = client.conversations.create()
+    for start in range(0, 24, 2):
+        client.conversations.items.create(conversation.id, items=long_history(24)[start * 2 : start * 2 + 4])
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(
+            model=MODEL, conversation=conversation.id, input="Say hello.", max_output_tokens=32
+        )
+    response = client.responses.create(
+        model=MODEL, conversation=conversation.id, input="Say hello.", truncation="auto", max_output_tokens=32
+    )
+    assert response.status in ("completed", "incomplete")
+    assert response.usage is not None and response.usage.input_tokens + 32 <= FIXTURE_CONTEXT
+
+
+# --- compaction ------------------------------------------------------------------------------------
+
+
+def test_compaction_shortens_the_next_prompt_and_refuses_tampering(stack: Stack) -> None:
+    client = stack.client()
+    history = long_history(6)
+    compacted = client.responses.compact(model=MODEL, input=history)
+    assert compacted.object == "response.compaction"
+    assert compacted.output[-1].type == "compaction"
+    assert compacted.usage.input_tokens > 0 and compacted.usage.output_tokens > 0
+    item = as_dict(compacted.output[-1])
+    assert item["encrypted_content"].startswith("rq1_") and "Turn" not in item["encrypted_content"]
+
+    follow = {"type": "message", "role": "user", "content": "Say hello."}
+    before = count(client, input=[*history, follow])
+    after = count(client, input=[*history, item, follow])
+    assert after < before
+    # The compaction item stands for everything before it: sending the history too changes nothing.
+    assert after == count(client, input=[item, follow])
+    response = client.responses.create(model=MODEL, input=[item, follow], temperature=0, max_output_tokens=16)
+    assert response.status in ("completed", "incomplete")
+    assert response.usage is not None and response.usage.input_tokens == after
+
+    blob = item["encrypted_content"]
+    forged = blob[:-4] + ("AAAA" if not blob.endswith("AAAA") else "BBBB")
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model=MODEL, input=[{**item, "encrypted_content": forged}, follow])
+    assert caught.value.code == "invalid_encrypted_content"
+    assert caught.value.param == "input[0].encrypted_content"
+
+
+def test_compaction_of_a_stored_chain(stack: Stack) -> None:
+    client = stack.client()
+    first = client.responses.create(model=MODEL, input="Say hello.", temperature=0, max_output_tokens=16)
+    compacted = client.responses.compact(model=MODEL, previous_response_id=first.id, input="Thanks.")
+    assert [item.type for item in compacted.output] == ["compaction"]
+
+
+def test_context_management_compacts_past_its_threshold(stack: Stack) -> None:
+    client = stack.client()
+    history = long_history(4)
+    last = {"type": "message", "role": "user", "content": "Say hello."}
+    below = client.responses.create(
+        model=MODEL,
+        input="Say hello.",
+        context_management=[{"type": "compaction", "compact_threshold": 500}],
+        temperature=0,
+        max_output_tokens=16,
+    )
+    assert all(item.type != "compaction" for item in below.output)
+
+    events = list(
+        client.responses.create(
+            model=MODEL,
+            input=[*history, last],
+            context_management=[{"type": "compaction", "compact_threshold": 100}],
+            temperature=0,
+            max_output_tokens=16,
+            stream=True,
+        )
+    )
+    check_stream([as_dict(event) for event in events])
+    compacted = events[-1].response  # type: ignore[union-attr]
+    assert compacted.output[0].type == "compaction"
+    assert compacted.usage is not None and compacted.usage.input_tokens < count(
+        client, input=[*history, last]
+    )
+    # A continuation goes on from the compaction, not from the whole history.
+    follow = {"input": "Thanks.", "previous_response_id": compacted.id}
+    plain = client.responses.create(model=MODEL, input=[*history, last], temperature=0, max_output_tokens=16)
+    assert count(client, **follow) < count(client, input="Thanks.", previous_response_id=plain.id)
+
+
+# --- openai-agents sessions ------------------------------------------------------------------------
+
+
+def sessions_agent(stack: Stack) -> tuple[Agent[Any], AsyncOpenAI]:
+    client = AsyncOpenAI(base_url=f"{stack.base_url}/v1", api_key="sk-test", max_retries=0)
+    agent: Agent[Any] = Agent(
+        name="chat",
+        model=OpenAIResponsesModel(model=MODEL, openai_client=client),
+        model_settings=ModelSettings(temperature=0),
+    )
+    return agent, client
+
+
+def test_openai_agents_conversations_session_across_three_runs(stack: Stack) -> None:
+    agent, client = sessions_agent(stack)
+
+    async def run() -> list[Any]:
+        session = OpenAIConversationsSession(openai_client=client)
+        for prompt in ("Say hello.", "What is 2+2? Think first.", "Say hello."):
+            await Runner.run(agent, prompt, session=session, run_config=RunConfig(tracing_disabled=True))
+        return await session.get_items()
+
+    items = asyncio.run(run())
+    users = [item for item in items if item.get("role") == "user"]
+    assert len(users) == 3
+    assert sum(1 for item in items if item.get("role") == "assistant") >= 3
+
+
+def test_openai_agents_compaction_session_past_its_threshold(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The session refuses model names that are not OpenAI's (only OpenAI served /compact until now).
+    monkeypatch.setattr(compaction_session, "is_openai_model_name", lambda name: True)
+    agent, client = sessions_agent(stack)
+
+    async def run() -> list[Any]:
+        session = compaction_session.OpenAIResponsesCompactionSession(
+            session_id="long",
+            underlying_session=SQLiteSession("long"),
+            client=client,
+            model=MODEL,
+            compaction_mode="input",
+            should_trigger_compaction=lambda context: len(context["compaction_candidate_items"]) >= 2,
+        )
+        for prompt in ("Say hello.", "Say hello.", "Say hello."):
+            await Runner.run(agent, prompt, session=session, run_config=RunConfig(tracing_disabled=True))
+        return await session.get_items()
+
+    items = asyncio.run(run())
+    assert any(item.get("type") == "compaction" for item in items)
