@@ -52,6 +52,9 @@ class RequestItems:
     """The history it continues, then ``own``: what the model sees before truncation."""
     conversation_id: str | None = None
     """The ``conversation`` the response belongs to, if any."""
+    linked: bool = True
+    """The history is a chain of turns the response's turn extends (:mod:`resq.turns`); False
+    when it continues a response stored whole, before turns existed."""
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,8 @@ async def gather_items(
     conversation_id = request.conversation_id
     if request.previous_response_id is not None:
         earlier = await state.store.earlier_conversation(request.previous_response_id, caller)
-        return RequestItems(own, continue_conversation(earlier.conversation, earlier.output, own))
+        conversation = continue_conversation(earlier.conversation, earlier.output, own)
+        return RequestItems(own, conversation, linked=earlier.linked)
     if conversation_id is not None:
         # A client may have added sealed reasoning to the conversation: opened like input.
         history = await resolve_input(

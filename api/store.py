@@ -11,6 +11,7 @@ submission; workers never write it) must be the caller's.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,9 +21,11 @@ from redis.asyncio import Redis
 from api.caller import Caller
 from api.errors import OpenAIError, invalid_value, response_not_found
 from api.relay import follow_events, last_sequence_number
-from resq import ids, item_index, jsonutil, keys
+from resq import ids, item_index, jsonutil, keys, turns
 from resq.records import CANCEL_LUA, DELETE_LUA, TERMINAL_STATUSES
 from resq.redis_types import optional_bytes
+
+log = logging.getLogger(__name__)
 
 Item = dict[str, Any]
 
@@ -70,6 +73,9 @@ class EarlierConversation:
     """The items it was generated from (its own earlier conversation and input)."""
     output: list[Item]
     """Its output items."""
+    linked: bool = True
+    """Its history is a chain of turns (:mod:`resq.turns`), which the continuation extends; False
+    for a response stored with its whole conversation, before turns existed."""
 
 
 def check_response_id(response_id: str, param: str = "response_id") -> str:
@@ -190,12 +196,31 @@ class ResponseStore:
                 "a conversation can only continue from a finished response.",
                 "previous_response_id",
             )
-        record = optional_bytes(await self._redis.get(keys.input_items(response_id)))
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.get(keys.input_items(response_id))
+        pipe.eval(turns.HISTORY_LUA, 1, keys.turn(response_id), turns.TURN_KEY_TEMPLATE)
+        raw_input, raw_history = await pipe.execute()
+        record = optional_bytes(raw_input)
         if record is None:
             raise previous_response_not_found(response_id)
-        conversation: list[Item] = jsonutil.loads(record)["conversation"]
         output: list[Item] = jsonutil.loads(stored.response_json)["output"]
-        return EarlierConversation(conversation, output)
+        inputs = jsonutil.loads(record)
+        if "conversation" in inputs:  # stored whole, before turns existed
+            return EarlierConversation(inputs["conversation"], output, linked=False)
+        if inputs.get("conversation_id"):
+            raise invalid_value(
+                f"Previous response with id '{response_id}' belongs to conversation "
+                f"'{inputs['conversation_id']}': continue it with 'conversation' instead.",
+                "previous_response_id",
+            )
+        history = turns.parse_history(raw_history)
+        if not history.turns:
+            raise previous_response_not_found(response_id)
+        if not history.complete:
+            log.warning("the history of %s lost turns; continuing from what is left", response_id)
+        conversation = [item for given, answered in history.turns[:-1] for item in (*given, *answered)]
+        # The response's own output comes from its record, which has it whatever its status.
+        return EarlierConversation([*conversation, *history.turns[-1][0]], output)
 
     async def input_items(self, stored: StoredResponse) -> list[Item]:
         """The input items of ``stored``, in input order; 404 when they are gone."""
@@ -245,4 +270,6 @@ class ResponseStore:
         status = await self._redis.eval(
             DELETE_LUA, 2 + len(others), record, flag, *others, self._transient_ttl_s
         )
+        # Its turn goes too, unless a later turn continues it (then it goes with the last of them).
+        await self._redis.eval(turns.RELEASE_LUA, 1, keys.turn(response_id), turns.TURN_KEY_TEMPLATE)
         return status is not None

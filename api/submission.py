@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from api import compaction
@@ -17,7 +17,7 @@ from api.prompting import PromptRequest, RequestItems, context_length_exceeded, 
 from api.relay import wait_for_terminal
 from api.schemas import CreateResponseRequest, CustomTool, FunctionTool, JsonSchemaFormat, NamespaceTool, Tool
 from api.state import AppState
-from resq import ids, item_index, jsonutil, keys
+from resq import ids, item_index, jsonutil, keys, turns
 from resq.catalog import TextTokenizer
 from resq.conversation import since_last_compaction
 from resq.events import builders as build
@@ -232,7 +232,7 @@ async def _compacted_if_over(
         len(history),
         summary.response_id,
     )
-    return RequestItems(items.own, [item, *items.conversation[last_turn:]], items.conversation_id), [item]
+    return replace(items, conversation=[item, *items.conversation[last_turn:]]), [item]
 
 
 async def served_tokenizer(state: AppState, model: str) -> TextTokenizer:
@@ -319,10 +319,15 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
         conversation_id=items.conversation_id,
         leading_output=tuple(leading_output),
     )
-    # The conversation is stored whole (not as a link to the earlier response), so a
-    # continuation keeps working when an earlier response expires or is deleted. It is what
-    # the client sent, before truncation: a continuation truncates again if it must.
-    input_record = {"items": items.own, "conversation": items.conversation}
+    # Each turn is stored once (resq.turns): a continuation walks the chain of turns. A chain from
+    # before turns existed, and a conversation's response, keep what they had.
+    input_record: dict[str, Any] = {"items": items.own}
+    if items.conversation_id is not None:
+        input_record["conversation_id"] = items.conversation_id
+    elif not items.linked:
+        input_record["conversation"] = items.conversation
+    turn_parent = request.previous_response_id if items.linked else None
+    linked_turn = store and items.conversation_id is None and items.linked
 
     job = GenerationJob(
         response_id=response_id,
@@ -368,6 +373,15 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
         )
     pipe.expire(keys.events(response_id), ttl)
     pipe.set(keys.input_items(response_id), jsonutil.dumps(input_record), ex=ttl)
+    if linked_turn:
+        # It may be continued once it ends: no turn may expire before it, nor before its children.
+        turn_ttl = settings.store_ttl_s + ttl
+        pipe.eval(
+            turns.CREATE_LUA,
+            1,
+            keys.turn(response_id),
+            *turns.create_arguments(turn_parent, items.own, turn_ttl, turn_ttl),
+        )
     if store:
         item_index.index_items(
             pipe, caller.owner, response_id, items.own, item_index.INPUT, settings.store_ttl_s

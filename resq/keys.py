@@ -95,10 +95,17 @@ def record(response_id: str) -> str:
 
 
 def input_items(response_id: str) -> str:
-    """String: JSON ``{"items", "conversation"}``: the response's own input items (with ids, as
-    ``input_items`` lists them) and every item it was generated from, which a request
-    continuing from it (``previous_response_id``) extends with the response's output."""
+    """String: JSON ``{"items"}``: the response's own input items (with ids, as ``input_items``
+    lists them), and ``conversation_id`` when it belongs to a conversation. (Responses stored
+    before turns existed also hold ``conversation``: every item they were generated from.)"""
     return _response(response_id, "input")
+
+
+def turn(response_id: str) -> str:
+    """Hash: the response's turn in its ``previous_response_id`` chain (:mod:`resq.turns`):
+    ``parent``, ``input`` and ``output`` items, ``children``, ``deleted``. Outlives the response
+    while a later turn continues it."""
+    return _response(response_id, "turn")
 
 
 def cancel(response_id: str) -> str:

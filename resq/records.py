@@ -31,8 +31,8 @@ return status
 """
 
 FINALIZE_LUA: Final = """
--- KEYS: record, events, input
--- ARGV: status, Response JSON, TTL of what stays (record, events, input)
+-- KEYS: record, events, input, turn
+-- ARGV: status, Response JSON, TTL of what stays (record, events, input), output items JSON
 -- Returns {status, stored Response JSON}. A response finalised before keeps what
 -- it has (a re-run post-processor reuses it byte for byte); a response cancelled
 -- meanwhile is only finalised with status 'cancelled'.
@@ -53,6 +53,14 @@ redis.call('EXPIRE', KEYS[1], ttl)
 redis.call('EXPIRE', KEYS[2], ttl)
 if redis.call('EXISTS', KEYS[3]) == 1 then
   redis.call('EXPIRE', KEYS[3], ttl)
+end
+-- A stored response's turn gets its output in the same step (resq.turns), and lives at least
+-- as long as the response.
+if redis.call('EXISTS', KEYS[4]) == 1 then
+  redis.call('HSET', KEYS[4], 'output', ARGV[4])
+  if redis.call('TTL', KEYS[4]) < ttl then
+    redis.call('EXPIRE', KEYS[4], ttl)
+  end
 end
 return {ARGV[1], ARGV[2]}
 """

@@ -30,7 +30,7 @@ from typing import Any
 
 from redis import Redis
 
-from resq import conversations, item_index, jsonutil, keys
+from resq import conversations, item_index, jsonutil, keys, turns
 from resq.catalog import ModelCatalog
 from resq.events import types
 from resq.events.emitter import EncodedEvent, EventEmitter
@@ -75,13 +75,15 @@ def _finalize(redis: Redis, response_id: str, finished: Finished, ttl_s: int) ->
     def write() -> tuple[str, bytes]:
         status, stored = redis.eval(
             FINALIZE_LUA,
-            3,
+            4,
             keys.record(response_id),
             keys.events(response_id),
             keys.input_items(response_id),
+            keys.turn(response_id),
             finished.status,
             finished.response_json,
             ttl_s,
+            jsonutil.dumps(jsonutil.loads(finished.response_json).get("output", [])),
         )
         return status.decode(), stored
 
@@ -340,7 +342,14 @@ class _Run:
         if status == "final":
             return "done"
         if status in ("failed", "cancelled"):
-            self._index_output(failed.response_json if status == "failed" else cancelled.response_json)
+            ended = failed.response_json if status == "failed" else cancelled.response_json
+            self._index_output(ended)
+            output = jsonutil.dumps(jsonutil.loads(ended).get("output", []))
+            retrying(
+                lambda: self._redis.eval(turns.SET_OUTPUT_LUA, 1, keys.turn(self._response_id), output),
+                f"the turn of {self._response_id}",
+                WRITE_BACKOFF,
+            )
             self._redis.delete(keys.tokens(self._response_id))
         return status
 

@@ -100,6 +100,11 @@ def every_v1_call(client: OpenAI, response_id: str, conversation_id: str) -> lis
         ("responses.cancel", lambda: client.responses.cancel(response_id)),
         ("responses.delete", lambda: client.responses.delete(response_id)),
         ("responses.input_items.list", lambda: client.responses.input_items.list(response_id)),
+        (
+            "responses.input_tokens.count",
+            lambda: client.responses.input_tokens.count(model=MODEL, input="Hi"),
+        ),
+        ("responses.compact", lambda: client.responses.compact(model=MODEL, input="Hi")),
         *every_conversation_call(client, conversation_id),
     ]
 
@@ -217,11 +222,16 @@ def test_another_key_cannot_reach_a_response(auth_stack: Stack, redis_client: re
             f"{auth_stack.base_url}{path}", headers={"Authorization": f"Bearer {KEY_B}"}, timeout=30
         )
         assert reply.status_code == 404 and error_of(reply)["message"] == not_found
-    with pytest.raises(openai.BadRequestError) as previous:
-        bob.responses.create(model=MODEL, input="Continue.", previous_response_id=owned)
-    assert isinstance(previous.value.body, dict)
-    assert previous.value.body["code"] == "previous_response_not_found"
-    assert previous.value.body["param"] == "previous_response_id"
+    for continuing in (
+        lambda: bob.responses.create(model=MODEL, input="Continue.", previous_response_id=owned),
+        lambda: bob.responses.input_tokens.count(model=MODEL, input="Continue.", previous_response_id=owned),
+        lambda: bob.responses.compact(model=MODEL, input="Continue.", previous_response_id=owned),
+    ):
+        with pytest.raises(openai.BadRequestError) as previous:
+            continuing()
+        assert isinstance(previous.value.body, dict)
+        assert previous.value.body["code"] == "previous_response_not_found"
+        assert previous.value.body["param"] == "previous_response_id"
 
     # Bob's responses are Bob's: he continues his own conversation.
     own = bob.responses.create(model=MODEL, input="Say hello.", temperature=0)
@@ -286,6 +296,20 @@ def test_another_key_cannot_reach_a_conversation(auth_stack: Stack, redis_client
                 timeout=30,
             )
             assert reply.status_code == 404 and error_of(reply)["message"] == message, (path, reply.text)
+
+    # Nor can Bob generate in it, count it, or compact it.
+    for call in (
+        lambda: bob.responses.create(model=MODEL, conversation=owned.id, input="Hi"),
+        lambda: bob.responses.input_tokens.count(model=MODEL, conversation=owned.id, input="Hi"),
+    ):
+        with pytest.raises(openai.NotFoundError) as caught:
+            call()
+        assert caught.value.body == {
+            "message": not_found,
+            "type": "invalid_request_error",
+            "param": "conversation",
+            "code": None,
+        }
 
     # Bob's conversations are Bob's, and Alice cannot reach them either.
     own = bob.conversations.create(items=[{"role": "user", "content": "I am Bob."}])

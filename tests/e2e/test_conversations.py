@@ -18,7 +18,7 @@ import redis
 from openai import BadRequestError, NotFoundError, OpenAI
 from openai.types.conversations import Conversation, ConversationDeletedResource, ConversationItemList
 
-from tests.e2e.conftest import Stack, start_stack
+from tests.e2e.conftest import MODEL, Stack, start_stack
 from tests.support.processes import RoleProcess
 
 pytestmark = pytest.mark.e2e
@@ -309,6 +309,12 @@ def test_a_conversation_is_served_by_any_api_process(client: OpenAI, other_api: 
     ]
     assert texts == ["One", "Two"]
     assert client.conversations.retrieve(conversation.id).metadata == {"made": "there"}
+    # A response created on the other process joins the conversation; this one lists it.
+    answered = other.responses.create(
+        model=MODEL, conversation=conversation.id, input="Say hello.", temperature=0, max_output_tokens=16
+    )
+    listed_here = [id_of(item) for item in client.conversations.items.list(conversation.id, order="asc")]
+    assert listed_here[3:] == [item.id for item in answered.output]
     other.conversations.delete(conversation.id)
     with pytest.raises(NotFoundError):
         client.conversations.retrieve(conversation.id)

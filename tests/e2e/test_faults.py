@@ -322,6 +322,26 @@ def test_postprocess_worker_killed_mid_stream_is_taken_over(
     assert r.zscore(keys.POSTPROCESS_LEASES, response_id) is None
 
 
+def test_postprocess_worker_killed_in_a_conversation_appends_its_items_once(make_stack: StackFactory) -> None:
+    """The takeover finishes the response and appends its items; nothing twice (the exact window of
+    a death at the append is tests/unit/test_conversation_append.py's)."""
+    stack = make_stack(postprocess_workers=2)
+    r = stack.redis
+    client = stack.client()
+    conversation = client.conversations.create(items=[{"role": "user", "content": "Hi."}])
+
+    def kill_post_processor(response_id: str) -> None:
+        holder = r.hget(keys.POSTPROCESS_LEASE_HOLDERS, response_id)
+        assert holder, "no post-processor holds the response"
+        stack.role_of(holder).kill()
+
+    events, _ = stream_with_fault(client, kill_post_processor, conversation=conversation.id, **LONG)
+    final = check_stream(events)
+    listed = [item.id for item in client.conversations.items.list(conversation.id, order="asc", limit=100)]
+    own_input = client.responses.input_items.list(final["id"]).data[0].id
+    assert listed[1:] == [own_input, *[item["id"] for item in final["output"]]]
+
+
 # --- GPU workers ---------------------------------------------------------------------------------
 
 

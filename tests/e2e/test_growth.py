@@ -6,6 +6,7 @@ memory figures are resq's alone.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -181,3 +182,71 @@ def test_redis_memory_returns_to_baseline_after_many_unstored_responses(
     assert after_keys == baseline_keys
     grown = after["used_memory"] - baseline["used_memory"]
     assert grown < 256 * 1024, f"Redis grew by {grown} bytes: {report}"
+
+
+CHAIN_TURNS = 200
+CHAIN_CHECKPOINTS = (50, 100, 150, 200)
+
+
+def _chain_bytes(client: redis.Redis) -> int:
+    """``MEMORY USAGE`` summed over every per-response and per-conversation key."""
+    return sum(
+        int(client.memory_usage(key) or 0)
+        for key in client.scan_iter(count=1000)
+        if not _is_global(key) and key.startswith((b"resq:{resp_", b"resq:{conv_", b"resq:itemref:"))
+    )
+
+
+def test_a_long_chain_and_a_long_conversation_cost_linear_memory(
+    private_stack: tuple[str, redis.Redis],
+) -> None:
+    """200 turns by ``previous_response_id`` and 200 in a conversation: each turn is stored once.
+
+    Printed (``-s``): the bytes at each checkpoint, and what storing each response's whole
+    conversation (the layout before turns) would have held: the JSON of every turn's history.
+    """
+    base_url, client = private_stack
+    rows: list[tuple[int, int, int]] = []
+    whole_layout = 0
+    history_bytes = 0
+    with httpx.Client(timeout=120) as http:
+        previous: str | None = None
+        for index in range(1, CHAIN_TURNS + 1):
+            body: dict[str, Any] = {"input": "Say hello.", "max_output_tokens": 4, "truncation": "auto"}
+            if previous is not None:
+                body["previous_response_id"] = previous
+            created = _create(http, base_url, **body).json()
+            previous = created["id"]
+            history_bytes += len(b'{"type":"message","role":"user","content":"Say hello."}') + len(
+                httpx.Response(200, json=created["output"]).content
+            )
+            whole_layout += history_bytes
+            if index in CHAIN_CHECKPOINTS:
+                wait_until(lambda: _settled(client), 60, "the stack to settle")
+                rows.append((index, _chain_bytes(client), whole_layout))
+        chain_bytes = _chain_bytes(client)
+        conversation = http.post(f"{base_url}/v1/conversations", json={}).json()["id"]
+        for _ in range(CHAIN_TURNS):
+            _create(
+                http,
+                base_url,
+                input="Say hello.",
+                max_output_tokens=4,
+                truncation="auto",
+                conversation=conversation,
+            )
+        wait_until(lambda: _settled(client), 60, "the stack to settle")
+        listed = http.get(f"{base_url}/v1/conversations/{conversation}/items", params={"limit": 1}).json()
+        assert listed["has_more"]
+    conversation_bytes = _chain_bytes(client) - chain_bytes
+    print("\nturns  stored bytes  bytes/turn  whole-conversation layout (history JSON alone)")
+    for turns, stored, whole in rows:
+        print(f"{turns:5d}  {stored:12d}  {stored // turns:10d}  {whole:12d}")
+    print(
+        f"conversation of {CHAIN_TURNS} turns: {conversation_bytes} bytes ({conversation_bytes // CHAIN_TURNS}/turn)"
+    )
+    # Linear: the last 50 turns cost about what the first 50 did (a quadratic layout: 7x).
+    increments = [later[1] - earlier[1] for earlier, later in itertools.pairwise(rows)]
+    first_block = rows[0][1]
+    assert all(increment < 1.5 * first_block for increment in increments), rows
+    assert conversation_bytes < 1.5 * chain_bytes

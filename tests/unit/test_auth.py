@@ -211,13 +211,15 @@ def test_the_scripts_workers_run_never_change_the_owner(redis_client: redis.Redi
     redis_client.eval(CANCEL_LUA, 2, record, keys.cancel(response_id), 60)
     redis_client.eval(
         FINALIZE_LUA,
-        3,
+        4,
         record,
         keys.events(response_id),
         keys.input_items(response_id),
+        keys.turn(response_id),
         "cancelled",
         jsonutil.dumps({"status": "cancelled"}),
         60,
+        b"[]",
     )
     assert redis_client.hget(record, "final") == b"1"
     assert redis_client.hget(record, "owner") == b"f" * 64

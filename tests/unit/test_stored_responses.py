@@ -200,13 +200,15 @@ def test_deleting_a_finished_response_leaves_nothing(redis_client: redis.Redis) 
     redis_client.set(keys.cancel(response_id), "1")
     finalised = redis_client.eval(
         FINALIZE_LUA,
-        3,
+        4,
         keys.record(response_id),
         keys.events(response_id),
         keys.input_items(response_id),
+        keys.turn(response_id),
         "completed",
         b'{"status":"completed"}',
         TTL_S,
+        b"[]",
     )
     assert finalised[0] == b"completed"
     assert delete(redis_client, response_id) == b"completed"
@@ -219,10 +221,16 @@ def test_a_cancel_is_never_overwritten_by_a_late_completion(redis_client: redis.
     assert redis_client.eval(CANCEL_LUA, 2, keys.record(response_id), keys.cancel(response_id), TTL_S) == (
         b"cancelled"
     )
-    args = (3, keys.record(response_id), keys.events(response_id), keys.input_items(response_id))
-    assert redis_client.eval(FINALIZE_LUA, *args, "completed", b"{}", TTL_S)[0] == b"cancelled"
+    args = (
+        4,
+        keys.record(response_id),
+        keys.events(response_id),
+        keys.input_items(response_id),
+        keys.turn(response_id),
+    )
+    assert redis_client.eval(FINALIZE_LUA, *args, "completed", b"{}", TTL_S, b"[]")[0] == b"cancelled"
     assert redis_client.hget(keys.record(response_id), "final") is None
-    assert redis_client.eval(FINALIZE_LUA, *args, "cancelled", b'{"c":1}', TTL_S)[0] == b"cancelled"
+    assert redis_client.eval(FINALIZE_LUA, *args, "cancelled", b'{"c":1}', TTL_S, b"[]")[0] == b"cancelled"
     assert redis_client.eval(CANCEL_LUA, 2, keys.record(response_id), keys.cancel(response_id), TTL_S) == (
         b"cancelled"
     )
