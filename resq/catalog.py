@@ -273,7 +273,16 @@ class AsyncModelCatalog:
         """The tokenizer of model ``name``, or None when no live GPU worker serves it."""
         cached = self._entries.get(name)
         if cached is not None and time.monotonic() - cached.fetched_at < CARD_REFRESH_S:
-            return cached.tokenizer
+            # The card is trusted for a while; whether its model is still served is asked each
+            # time (one round trip): a restart with another model must not be served its old name.
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.zscore(keys.MODELS_SERVED, name)
+            pipe.zrange(keys.MODELS_SERVED, -1, -1, withscores=True)
+            last_beat, newest = await pipe.execute()
+            if self._counts(last_beat, scored_members(newest)):
+                return cached.tokenizer
+            self._entries.pop(name, None)
+            return None
         pipe = self._redis.pipeline(transaction=False)
         pipe.hget(keys.MODELS, name)
         pipe.zscore(keys.MODELS_SERVED, name)
