@@ -71,6 +71,24 @@ NON_FINITE_ERROR = (
 )
 
 
+CLAIM_SEPARATOR = "@"
+"""Between a response id and its claim's epoch in an engine request id (never in a response id)."""
+
+
+def engine_request_id(response_id: str, epoch: int) -> str:
+    """The engine's id for one claim of a job: ``<response id>@<epoch>``.
+
+    A GPU worker that froze (SIGSTOP, a stalled host) past its heartbeat can claim its own job
+    again once it wakes, while the old copy is still in its engine: the two must not share an id.
+    """
+    return f"{response_id}{CLAIM_SEPARATOR}{epoch}"
+
+
+def response_of(request_id: str) -> str:
+    """The response id of an engine request id (itself, for one named after its response)."""
+    return request_id.split(CLAIM_SEPARATOR, 1)[0]
+
+
 class EngineStoppedError(RuntimeError):
     """The engine thread is gone; no request can be added."""
 
@@ -193,13 +211,18 @@ class Engine:
         except ValueError:  # pragma: no cover - a slot released twice is a bug, not a crash
             log.error("engine slot released more often than taken")
 
-    def add(self, job: GenerationJob, generated: list[int] | None = None) -> None:
-        """Hand ``job`` to the engine (its slot must be held).
+    def add(
+        self, job: GenerationJob, generated: list[int] | None = None, request_id: str | None = None
+    ) -> None:
+        """Hand ``job`` to the engine (its slot must be held), as ``request_id`` (default: its response id).
 
         ``generated``: the tokens a lost worker already generated (the end of ``job``'s
         prompt), which a grammar replays before it constrains what follows, and which
-        presence and frequency penalties count as generated.
+        presence and frequency penalties count as generated. The GPU worker names each claim
+        of a job apart (:func:`engine_request_id`), so that a copy of an earlier claim still in
+        the engine is never mistaken for the current one.
         """
+        request_id = request_id or job.response_id
         penalised = job.presence_penalty != 0 or job.frequency_penalty != 0
         if job.grammar is not None and self.constraints is None:
             raise GrammarRefusedError("this GPU worker does not run grammars (RESQ_STRUCTURED_OUTPUTS)")
@@ -209,10 +232,10 @@ class Engine:
                 "(its engine step runs in a CUDA graph, compiled or batched ahead)"
             )
         if job.grammar is not None and self.constraints is not None:
-            self.constraints.add(job.response_id, job.grammar, generated or [])
+            self.constraints.add(request_id, job.grammar, generated or [])
         if penalised and self.penalties is not None:
             # Before add_request: the engine may schedule the request's first step at once.
-            self.penalties.add(job.response_id, job.frequency_penalty, job.presence_penalty, generated or [])
+            self.penalties.add(request_id, job.frequency_penalty, job.presence_penalty, generated or [])
         if job.temperature < GREEDY_BELOW_TEMPERATURE:
             sampling: dict[str, Any] = {"temperature": 1.0, "top_k": 1, "top_p": 1.0}
         else:
@@ -222,9 +245,9 @@ class Engine:
                 "top_p": float(job.top_p),
             }
         try:
-            request_id = self._manager.add_request(
+            added = self._manager.add_request(
                 job.prompt_token_ids,
-                request_id=job.response_id,
+                request_id=request_id,
                 max_new_tokens=job.max_output_tokens,
                 streaming=True,
                 # The step's flag for a row it could not sample ends the request at once.
@@ -232,27 +255,27 @@ class Engine:
                 **sampling,
             )
         except BaseException:
-            self.forget(job.response_id)
+            self.forget(request_id)
             raise
-        if request_id is None:
-            self.forget(job.response_id)
+        if added is None:
+            self.forget(request_id)
             raise EngineStoppedError("the engine does not accept requests (stopping or failed)")
 
-    def forget(self, response_id: str) -> None:
+    def forget(self, request_id: str) -> None:
         """Drop what the engine kept for a request that ended (its grammar matcher, its token counts)."""
         if self.constraints is not None:
-            self.constraints.forget(response_id)
+            self.constraints.forget(request_id)
         if self.penalties is not None:
-            self.penalties.forget(response_id)
+            self.penalties.forget(request_id)
 
     def end_tokens(self, job: GenerationJob) -> list[int]:
         """The tokens that end ``job``: the model's, and the request's own."""
         return sorted(self.eos_token_ids | set(job.stop_token_ids))
 
-    def cancel(self, response_id: str) -> None:
-        """Stop generating ``response_id``; the engine frees its cache at its next step."""
-        self._manager.cancel_request(response_id)
-        self.forget(response_id)
+    def cancel(self, request_id: str) -> None:
+        """Stop generating ``request_id``; the engine frees its cache at its next step."""
+        self._manager.cancel_request(request_id)
+        self.forget(request_id)
 
     def next_outputs(self, timeout_s: float) -> list[GenerationOutput]:
         """Outputs produced since the last call: waits up to ``timeout_s`` for the first one.

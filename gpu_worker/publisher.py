@@ -29,7 +29,7 @@ from redis import Redis
 from transformers.generation.continuous_batching.requests import GenerationOutput, RequestStatus
 
 from gpu_worker import metrics, pipelines
-from gpu_worker.engine import Engine
+from gpu_worker.engine import Engine, response_of
 from resq import keys
 from resq.logs import about
 from resq.recovery.generations import (
@@ -51,8 +51,10 @@ _START = -2
 _FINISH = -1
 
 
-@dataclass
+@dataclass(eq=False)
 class _Tracked:
+    request_id: str
+    """The engine's id of this claim's copy (:func:`gpu_worker.engine.engine_request_id`)."""
     fence: Fence
     prompt_tokens: int
     offset: int
@@ -64,6 +66,8 @@ class _Tracked:
     """Tokens of this worker's engine output already appended."""
     start_pending: bool = False
     """The start entry is still to be appended (ahead of any token)."""
+    ended: bool = False
+    """Its engine copy was ended here (slot released): ending it again does nothing."""
 
     @property
     def total(self) -> int:
@@ -104,10 +108,18 @@ class TokenPublisher:
         plan: Resumption,
         stop_token_ids: Iterable[int] = (),
         logprobs: bool = False,
+        request_id: str | None = None,
     ) -> None:
-        """Track a request the engine is about to take; its start entry, if missing, goes out with the next step."""
+        """Track a request the engine is about to take as ``request_id`` (default: the response id);
+        its start entry, if missing, goes out with the next step.
+
+        A copy of an earlier claim of the same response still tracked here (this worker froze,
+        lost the claim, and claimed the job again on waking) is stopped in the engine: its
+        outputs, still queued, no longer match and are dropped.
+        """
         end_tokens = self._engine.eos_token_ids | frozenset(stop_token_ids)
         tracked = _Tracked(
+            request_id or response_id,
             fence,
             plan.prompt_tokens,
             plan.already_generated,
@@ -116,7 +128,18 @@ class TokenPublisher:
             start_pending=plan.publish_start,
         )
         with self._lock:
+            superseded = self._tracked.get(response_id)
             self._tracked[response_id] = tracked
+        if superseded is not None:
+            log.warning(
+                "%s claimed again (epoch %d) while its copy of epoch %d was in the engine; stopping that copy",
+                response_id,
+                fence.epoch,
+                superseded.fence.epoch,
+                extra=about(response_id),
+            )
+            self._engine.cancel(superseded.request_id)
+            self._end(response_id, superseded)
 
     def finish_unstarted(self, response_id: str, fence: Fence, entry: FinishEntry) -> None:
         """Publish the end of a request that never reached the engine."""
@@ -126,9 +149,11 @@ class TokenPublisher:
             self._generations.forget(response_id)
 
     def forget(self, response_id: str) -> None:
-        """Stop tracking a request the engine refused."""
+        """Stop tracking a request the engine refused (its slot is the caller's to release)."""
         with self._lock:
-            self._tracked.pop(response_id, None)
+            tracked = self._tracked.pop(response_id, None)
+        if tracked is not None:
+            tracked.ended = True
 
     @property
     def active_count(self) -> int:
@@ -180,7 +205,7 @@ class TokenPublisher:
         """Publish what the engine produced (waiting up to ``wait_s`` for it) and check cancellations."""
         outputs = self._engine.next_outputs(wait_s)
         for output in outputs:  # outputs are cumulative: the last one per request says it all
-            self._pending[output.request_id] = output
+            self._pending[output.request_id] = output  # by engine request id: one per claim
         self._publish()
 
     def _publish(self) -> None:
@@ -197,9 +222,12 @@ class TokenPublisher:
                 start = StartEntry(state.prompt_tokens)
                 self._generations.publish(pipe, response_id, state.fence, start, 0)
                 appends.append((response_id, _START))
-        for response_id, output in self._pending.items():
+        for request_id, output in self._pending.items():
+            response_id = response_of(request_id)
             tracked = active.get(response_id)
-            if tracked is None:  # cancelled or fenced off meanwhile; its end is handled
+            if tracked is None or tracked.request_id != request_id:
+                # Cancelled or fenced off meanwhile (its end is handled), or the output of an
+                # earlier claim's copy, stopped when this claim began: never this claim's tokens.
                 continue
             new_tokens = list(output.generated_tokens[tracked.published :])
             if new_tokens:
@@ -244,13 +272,13 @@ class TokenPublisher:
                 )
         metrics.note_published(published)
         for response_id in ended:
-            self._end(response_id)
+            self._end(response_id, active[response_id])
         if ended:
             self._forget_ended(ended)
         lost -= diverged
         if lost:
             log.warning("no longer own %s (taken over); cancelling here", ", ".join(sorted(lost)))
-            self._abandon(sorted(lost))
+            self._abandon({response_id: active[response_id] for response_id in sorted(lost)})
         if diverged:
             self._restart_from_stream(sorted(diverged), active)
         flags = results[len(appends) :]
@@ -276,40 +304,45 @@ class TokenPublisher:
         reason: FinishReason = "stop" if last in tracked.end_tokens else "length"
         return FinishEntry(reason, tracked.prompt_tokens, generated)
 
-    def _end(self, response_id: str) -> None:
+    def _end(self, response_id: str, tracked: _Tracked) -> None:
+        """End ``tracked``'s engine copy here: its slot and engine state go, once. It stops being
+        tracked only if it is still the response's current claim (a newer one stays)."""
         with self._lock:
-            removed = self._tracked.pop(response_id, None)
-        if removed is not None:
-            self._engine.forget(response_id)
-            self._engine.release_slot()
+            if self._tracked.get(response_id) is tracked:
+                del self._tracked[response_id]
+            if tracked.ended:
+                return
+            tracked.ended = True
+        self._engine.forget(tracked.request_id)
+        self._engine.release_slot()
 
     def _restart_from_stream(self, response_ids: list[str], active: dict[str, _Tracked]) -> None:
         # The stream holds fewer tokens than this worker appended: Redis lost its latest
         # writes (restarted without them). Resume from what the stream really holds.
         log.warning("token streams of %s lost appends; resuming them from Redis", ", ".join(response_ids))
-        self._abandon(response_ids)
+        self._abandon({response_id: active[response_id] for response_id in response_ids})
         now_ms = int(time.time() * 1000)
         for response_id in response_ids:
             if self._generations.hand_back(response_id, active[response_id].fence, now_ms):
                 self._dispatch(response_id)
 
-    def _abandon(self, response_ids: list[str]) -> None:
-        for response_id in response_ids:
-            self._engine.cancel(response_id)
-            self._end(response_id)
+    def _abandon(self, states: dict[str, _Tracked]) -> None:
+        for response_id, state in states.items():
+            self._engine.cancel(state.request_id)
+            self._end(response_id, state)
 
     def _cancel(self, response_ids: list[str]) -> None:
         with self._lock:
             tracked = {rid: self._tracked[rid] for rid in response_ids if rid in self._tracked}
         pipe = self._redis.pipeline(transaction=False)
         for response_id, state in tracked.items():
-            self._engine.cancel(response_id)
+            self._engine.cancel(state.request_id)
             entry = FinishEntry("cancelled", state.prompt_tokens, state.total)
             self._generations.publish(pipe, response_id, state.fence, entry, state.total)
             log.info("cancelled %s after %d tokens", response_id, state.total, extra=about(response_id))
         pipelines.execute(self._redis, pipe)
-        for response_id in tracked:
-            self._end(response_id)
+        for response_id, state in tracked.items():
+            self._end(response_id, state)
         if tracked:
             self._forget_ended(list(tracked))
 
@@ -343,5 +376,5 @@ class TokenPublisher:
                 log.error("engine failed: %s", message, extra=about(response_id))
             except Exception:  # still owned by this worker: the reaper releases it once the worker is gone
                 log.warning("could not hand %s back", response_id, exc_info=True)
-        for response_id in tracked:
-            self._end(response_id)
+        for response_id, state in tracked.items():
+            self._end(response_id, state)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from redis import Redis
 
 from gpu_worker import metrics
-from gpu_worker.engine import Engine, EngineStoppedError
+from gpu_worker.engine import Engine, EngineStoppedError, engine_request_id
 from gpu_worker.publisher import TokenPublisher
 from resq import keys
 from resq.recovery.generations import Fence, Generations, Resumption, plan_resume
@@ -117,8 +117,9 @@ class GenerationService:
 
     def _admit(self, response_id: str, fence: Fence, plan: Resumption) -> None:
         job = plan.job
+        request_id = engine_request_id(response_id, fence.epoch)
         self._publisher.start_request(
-            response_id, fence, plan, job.stop_token_ids, job.logprobs and self._engine.logprobs
+            response_id, fence, plan, job.stop_token_ids, job.logprobs and self._engine.logprobs, request_id
         )
         metrics.PROMPT_TOKENS.inc(len(job.prompt_token_ids) if not plan.already_generated else 0)
         log.info(
@@ -127,7 +128,7 @@ class GenerationService:
             job.max_output_tokens,
         )
         try:
-            self._engine.add(plan.job, plan.job.prompt_token_ids[plan.prompt_tokens :])
+            self._engine.add(plan.job, plan.job.prompt_token_ids[plan.prompt_tokens :], request_id)
         except EngineStoppedError:
             # The engine died (this worker is about to stop): the job is not at fault, another GPU
             # worker takes it, from the tokens already published.

@@ -392,6 +392,42 @@ def test_gpu_worker_lost_mid_generation_resumes_on_another(
         assert victim.alive()
 
 
+def test_the_only_gpu_worker_frozen_past_its_ttl_resumes_its_own_job_without_repeats(
+    make_stack: StackFactory, references: References
+) -> None:
+    """The zombie: SIGSTOP the only GPU worker past its TTL (the reaper releases and re-dispatches
+    its job), then SIGCONT: it claims its own job again while the old copy is still in its engine.
+    The old copy's tokens never reach the stream; three times in a row."""
+    stack = make_stack()
+    r = stack.redis
+    worker = stack.gpu_workers[0]
+    for _ in range(3):
+
+        def freeze(response_id: str) -> None:
+            os.kill(worker.process.pid, signal.SIGSTOP)
+            try:
+                # Released as lost by the reaper (its heartbeat lapsed), and sent again.
+                wait_until(
+                    lambda: generation_field(r, response_id, "losses") == "1", RECOVERY_BOUND_S, "the release"
+                )
+            finally:
+                os.kill(worker.process.pid, signal.SIGCONT)
+
+        events, _ = stream_with_fault(stack.client(), freeze, **LONG)
+        final = check_stream(events)
+        assert comparable(final) == references(**LONG), stack.logs()
+        response_id = final["id"]
+        assert generation_field(r, response_id, "state") == "finished"
+        assert generation_field(r, response_id, "owner") == worker_id_of(stack, worker)
+    assert worker.alive()
+
+
+def worker_id_of(stack: FaultStack, worker: RoleProcess) -> str:
+    """The id a role's heartbeat uses."""
+    members = [member.decode() for member in stack.redis.zrange(keys.GPU_WORKERS, 0, -1)]
+    return next(member for member in members if member.endswith(f":{worker.process.pid}"))
+
+
 def test_gpu_worker_killed_with_none_left_fails_the_response(
     make_stack: StackFactory, references: References
 ) -> None:

@@ -12,7 +12,7 @@ import redis
 from transformers.generation.continuous_batching.requests import GenerationOutput, RequestStatus
 
 from gpu_worker import pipelines
-from gpu_worker.engine import Engine
+from gpu_worker.engine import Engine, engine_request_id
 from gpu_worker.publisher import TokenPublisher
 from resq import keys
 from resq.recovery import generations
@@ -187,3 +187,44 @@ def test_a_resumed_request_does_not_repeat_its_start_entry(r: redis.Redis) -> No
     publisher.step(0)
     # Its tokens carry their position in the whole output, counting the lost worker's.
     assert stream(r, job.response_id) == [StartEntry(3), TokensEntry([11]), TokensEntry([12], start=1)]
+
+
+def test_a_worker_that_claims_its_own_job_again_drops_the_old_copys_output(r: redis.Redis) -> None:
+    """The zombie: this worker froze past its TTL, its claim was released, and on waking it claimed
+    the job again while the old copy was still in its engine. Only the new claim's tokens go out."""
+    engine = FakeEngine()
+    gens, publisher = new_publisher(r, engine)
+    job = staged_job(r)
+    old_fence, old_plan = claim_and_plan(gens, job)
+    old_id = engine_request_id(job.response_id, old_fence.epoch)
+    publisher.start_request(job.response_id, old_fence, old_plan, request_id=old_id)
+    engine.outputs.append(GenerationOutput(old_id, generated_tokens=[11, 12], status=RequestStatus.DECODING))
+    publisher.step(0)
+
+    assert gens.release_lost(job.response_id, old_fence, int(time.time() * 1000)) is not None
+    fence, plan = claim_and_plan(gens, job)
+    new_id = engine_request_id(job.response_id, fence.epoch)
+    assert new_id != old_id and plan.already_generated == 2
+    publisher.start_request(job.response_id, fence, plan, request_id=new_id)
+    # The old copy is stopped in the engine and its slot given back, once.
+    assert engine.cancelled == [old_id] and engine.released == 1
+
+    # Its outputs still queued are dropped; the new copy goes on from the stream's 2 tokens.
+    engine.outputs += [
+        GenerationOutput(old_id, generated_tokens=[11, 12, 13, 14], status=RequestStatus.DECODING),
+        GenerationOutput(new_id, generated_tokens=[13], status=RequestStatus.DECODING),
+    ]
+    publisher.step(0)
+    engine.outputs += [
+        GenerationOutput(old_id, generated_tokens=[11, 12, 13, 14, EOS], status=RequestStatus.FINISHED),
+        GenerationOutput(new_id, generated_tokens=[13, EOS], status=RequestStatus.FINISHED),
+    ]
+    publisher.step(0)
+    assert stream(r, job.response_id) == [
+        StartEntry(3),
+        TokensEntry([11, 12], start=0),
+        TokensEntry([13], start=2),
+        TokensEntry([EOS], start=3),
+        FinishEntry("stop", 3, 4),
+    ]
+    assert engine.released == 2 and publisher.active_count == 0
