@@ -74,6 +74,16 @@ class _Tracked:
         return self.offset + self.published
 
 
+def _holds(fence: Fence, owner: bytes | None, epoch: bytes | None) -> bool:
+    """Whether the generation hash still names ``fence`` as its claim (a vanished hash: it does not)."""
+    return (
+        owner is not None
+        and owner.decode() == fence.owner
+        and epoch is not None
+        and int(epoch) == fence.epoch
+    )
+
+
 class TokenPublisher:
     """Moves tokens from the engine to the responses' token streams."""
 
@@ -245,6 +255,9 @@ class TokenPublisher:
         checked = [response_id for response_id in active if response_id not in finishing]
         for response_id in checked:
             pipe.exists(keys.cancel(response_id))
+            # Still this claim's? The watchdog (or a reaper that took this worker for dead) may have
+            # released it while its copy appended nothing: then the copy stops here too.
+            pipe.hmget(keys.generation(response_id), ["owner", "epoch"])
         results = pipelines.execute(self._redis, pipe)
         self._pending.clear()  # everything in it is published, or belongs to no tracked request
         ended: list[str] = []
@@ -281,11 +294,22 @@ class TokenPublisher:
             self._abandon({response_id: active[response_id] for response_id in sorted(lost)})
         if diverged:
             self._restart_from_stream(sorted(diverged), active)
-        flags = results[len(appends) :]
+        flags = results[len(appends) :: 2]
+        claims = results[len(appends) + 1 :: 2]
+        released = {
+            rid
+            for rid, (owner, epoch) in zip(checked, claims, strict=True)
+            if rid not in lost and rid not in ended and not _holds(active[rid].fence, owner, epoch)
+        }
+        if released:
+            log.warning(
+                "no longer own %s (released, or taken over); stopping it here", ", ".join(sorted(released))
+            )
+            self._abandon({response_id: active[response_id] for response_id in sorted(released)})
         cancelled = [
             rid
             for rid, flag in zip(checked, flags, strict=True)
-            if flag and rid not in lost and rid not in ended
+            if flag and rid not in lost and rid not in ended and rid not in released
         ]
         if cancelled:
             self._cancel(cancelled)

@@ -232,6 +232,15 @@ class Settings(BaseSettings):
             "`server_error` when no GPU worker resumes it within this long."
         ),
     )
+    gpu_stall_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description=(
+            "A generation whose GPU worker is alive but has neither claimed it again nor appended a "
+            "token for this long is released and resumed elsewhere, counting as a loss (a watchdog; "
+            "keep it above the longest prefill and the longest wait for room in the engine)."
+        ),
+    )
     gpu_max_losses: int = Field(
         3,
         ge=1,

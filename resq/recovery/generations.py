@@ -18,7 +18,9 @@ Hash fields:
 - ``epoch``: claims so far; ``losses``: owners found dead so far;
 - ``generated``: tokens appended so far; ``started``: ``1`` once the start entry is in;
 - ``unowned_since`` / ``dispatched_at``: unix ms when it last lost its owner (or was
-  accepted) and when its latest Celery message was sent.
+  accepted) and when its latest Celery message was sent;
+- ``progressed_at``: unix ms (Redis' clock) of its latest claim or append: a job whose live
+  owner shows no progress for ``RESQ_GPU_STALL_TIMEOUT_S`` is released as lost (the watchdog).
 
 Times are the writers' clocks (like heartbeats): hosts are assumed NTP-synchronised
 to well within ``RESQ_WORKER_TTL_S``.
@@ -60,7 +62,8 @@ if redis.call('HGET', KEYS[1], 'owner') ~= '' then
   return {'owned', 0, ''}
 end
 local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
-redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'unowned_since', '')
+local now = redis.call('TIME')
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'unowned_since', '', 'progressed_at', now[1] * 1000 + math.floor(now[2] / 1000))
 return {'claimed', epoch, redis.call('HGET', KEYS[1], 'job')}
 """
 
@@ -104,6 +107,8 @@ elseif kind == 'finish' then
   end
 end
 redis.call('XADD', KEYS[2], '*', unpack(ARGV, 7))
+local now = redis.call('TIME')
+redis.call('HSET', KEYS[1], 'progressed_at', now[1] * 1000 + math.floor(now[2] / 1000))
 local ttl = tonumber(ARGV[3])
 redis.call('EXPIRE', KEYS[2], ttl)
 redis.call('EXPIRE', KEYS[1], ttl)
@@ -205,6 +210,8 @@ class Snapshot:
     generated: int
     unowned_since_ms: int | None
     dispatched_at_ms: int
+    progressed_at_ms: int | None = None
+    """Its latest claim or append (Redis' clock); None before its first claim."""
 
 
 SNAPSHOT_FIELDS: Final = (
@@ -216,6 +223,7 @@ SNAPSHOT_FIELDS: Final = (
     "generated",
     "unowned_since",
     "dispatched_at",
+    "progressed_at",
 )
 
 
@@ -264,7 +272,9 @@ def _flatten(fields: StreamFields) -> list[EncodableT]:
 
 def parse_snapshot(values: list[bytes | None]) -> Snapshot:
     """A :class:`Snapshot` from ``HMGET`` of :data:`SNAPSHOT_FIELDS`."""
-    state, owner, epoch, losses, prompt_tokens, generated, unowned_since, dispatched_at = values
+    state, owner, epoch, losses, prompt_tokens, generated, unowned_since, dispatched_at, progressed_at = (
+        values
+    )
     return Snapshot(
         state=state.decode() if state is not None else None,
         owner=(owner or b"").decode(),
@@ -274,6 +284,7 @@ def parse_snapshot(values: list[bytes | None]) -> Snapshot:
         generated=int(generated or 0),
         unowned_since_ms=int(unowned_since) if unowned_since else None,
         dispatched_at_ms=int(dispatched_at or 0),
+        progressed_at_ms=int(progressed_at) if progressed_at else None,
     )
 
 

@@ -140,6 +140,15 @@ class Reaper:
             if snapshot.owner:
                 if trusted and snapshot.owner not in alive:
                     self._release(response_id, snapshot, now)
+                elif self._stalled(snapshot, now):
+                    stalled_s = now - (snapshot.progressed_at_ms or 0) / 1000
+                    log.error(
+                        "GPU worker %s made no progress on %s for %.0fs though it is alive; releasing it",
+                        snapshot.owner,
+                        response_id,
+                        stalled_s,
+                    )
+                    self._release(response_id, snapshot, now)
                 continue
             if cancelled:
                 self._end(response_id, snapshot, "cancelled", None)
@@ -153,6 +162,17 @@ class Reaper:
                     queued = queued_generations(self._redis)
                 if response_id not in queued:
                     self._dispatch_again(response_id, snapshot, now)
+
+    def _stalled(self, snapshot: Snapshot, now: float) -> bool:
+        """The watchdog: an owned job with no claim or append for ``RESQ_GPU_STALL_TIMEOUT_S``.
+
+        Its owner beats but has lost track of it (an engine that dropped the request, a copy
+        nobody publishes): released like a lost worker's, its owner is fenced off (its next
+        append is refused, so it stops its copy) and another claim resumes it.
+        """
+        if snapshot.progressed_at_ms is None:
+            return False
+        return now - snapshot.progressed_at_ms / 1000 > self._settings.gpu_stall_timeout_s
 
     def _release(self, response_id: str, snapshot: Snapshot, now: float) -> None:
         losses = self._generations.release_lost(

@@ -184,6 +184,41 @@ def _record_status(client: redis.Redis, response_id: str) -> str | None:
     return status.decode() if status is not None else None
 
 
+STEPS_AFTER_CANCEL = 8
+"""Tokens the GPU worker may still generate once the cancel flag is set: the publisher asks for the
+flag in every step's round trip, so the engine stops within a step or two (each adds one token)."""
+
+
+class FlagWatcher:
+    """Polls a response's cancel flag (every 0.5 ms) and records how many tokens were published when
+    it first appeared: an upper bound, since the count is read in the same round trip."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.generated_at_flag: int | None = None
+        self.response_id: str | None = None
+        self._client = client
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            response_id = self.response_id
+            if response_id is not None:
+                pipe = self._client.pipeline(transaction=False)
+                pipe.exists(f"resq:{{{response_id}}}:cancel")
+                pipe.hget(f"resq:{{{response_id}}}:generation", "generated")
+                flagged, generated = pipe.execute()
+                if flagged:
+                    self.generated_at_flag = int(generated or 0)
+                    return
+            time.sleep(0.0005)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
 def test_disconnected_stream_stops_generation(stack: Stack, redis_client: redis.Redis) -> None:
     body = {
         "model": MODEL,
@@ -192,29 +227,38 @@ def test_disconnected_stream_stops_generation(stack: Stack, redis_client: redis.
         "max_output_tokens": 900,
         "stream": True,
     }
-    with (
-        httpx.Client(timeout=60) as http,
-        http.stream("POST", f"{stack.base_url}/v1/responses", json=body) as reply,
-    ):
-        response_id = None
-        deltas = 0
-        for line in reply.iter_lines():
-            if line.startswith("data: ") and response_id is None:
-                response_id = line.split('"id":"', 1)[1].split('"', 1)[0]
-            if line.startswith("event: response.output_text.delta"):
-                deltas += 1
-                if deltas >= 3:
-                    break
-    assert response_id is not None
-    # The client is gone: the API flags the response, the GPU worker stops within a step or two.
-    deadline = time.monotonic() + 30
-    while _record_status(redis_client, response_id) != "cancelled" and time.monotonic() < deadline:
-        time.sleep(0.1)
+    watcher = FlagWatcher(redis_client)
+    try:
+        with (
+            httpx.Client(timeout=60) as http,
+            http.stream("POST", f"{stack.base_url}/v1/responses", json=body) as reply,
+        ):
+            response_id = None
+            deltas = 0
+            for line in reply.iter_lines():
+                if line.startswith("data: ") and response_id is None:
+                    response_id = line.split('"id":"', 1)[1].split('"', 1)[0]
+                    watcher.response_id = response_id
+                if line.startswith("event: response.output_text.delta"):
+                    deltas += 1
+                    if deltas >= 3:
+                        break
+        assert response_id is not None
+        # The client is gone: the API flags the response, the GPU worker stops within a step or two.
+        deadline = time.monotonic() + 30
+        while _record_status(redis_client, response_id) != "cancelled" and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        watcher.stop()
     assert _record_status(redis_client, response_id) == "cancelled"
     stored = redis_client.hget(f"resq:{{{response_id}}}:response", "response")
     assert stored is not None
     output_tokens = json.loads(stored)["usage"]["output_tokens"]
     assert 3 <= output_tokens < ENDLESS_MIN_TOKENS, output_tokens
+    assert watcher.generated_at_flag is not None, "the cancel flag was never seen"
+    after_flag = output_tokens - watcher.generated_at_flag
+    print(f"tokens generated after the cancel flag: {after_flag} (of {output_tokens})")
+    assert after_flag <= STEPS_AFTER_CANCEL, (after_flag, output_tokens)
 
 
 def test_unknown_model_is_404(client: OpenAI) -> None:

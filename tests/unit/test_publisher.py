@@ -228,3 +228,19 @@ def test_a_worker_that_claims_its_own_job_again_drops_the_old_copys_output(r: re
         FinishEntry("stop", 3, 4),
     ]
     assert engine.released == 2 and publisher.active_count == 0
+
+
+def test_a_claim_released_while_its_copy_is_silent_is_stopped_at_the_next_step(r: redis.Redis) -> None:
+    """The watchdog released the job (no progress) while this worker's copy appended nothing: the
+    publisher sees the claim is gone in its usual round trip and stops the copy."""
+    engine = FakeEngine()
+    gens, publisher = new_publisher(r, engine)
+    job = staged_job(r)
+    fence, plan = claim_and_plan(gens, job)
+    request_id = engine_request_id(job.response_id, fence.epoch)
+    publisher.start_request(job.response_id, fence, plan, request_id=request_id)
+    publisher.step(0)
+    assert publisher.active_count == 1 and engine.cancelled == []
+    assert gens.release_lost(job.response_id, fence, int(time.time() * 1000)) is not None
+    publisher.step(0)
+    assert engine.cancelled == [request_id] and engine.released == 1 and publisher.active_count == 0

@@ -263,6 +263,36 @@ def test_a_dead_owner_loses_its_job_which_is_dispatched_again(
     assert sent == [RESPONSE]
 
 
+def test_an_owned_job_without_progress_is_released_though_its_owner_beats(
+    r: redis.Redis, private_redis: PrivateRedis
+) -> None:
+    now = time.time()
+    stage(r, job(), at=now)
+    gens = Generations(r, TTL_S)
+    claim = gens.claim(RESPONSE, "gpu-1")
+    assert claim.fence is not None
+    pipe = r.pipeline(transaction=False)
+    gens.publish(pipe, RESPONSE, claim.fence, StartEntry(3), 0)
+    gens.publish(pipe, RESPONSE, claim.fence, TokensEntry([11]), 0)
+    pipe.execute()
+    progressed_at = int(field(r, "progressed_at") or 0) / 1000
+    assert abs(progressed_at - now) < 5  # every claim and append stamps it (Redis' clock)
+    reaper, sent = reaper_for(r, private_redis.url, gpu_stall_timeout_s=20)
+    reaper._contact_since = now - 60
+
+    beat(r, "gpu-1", progressed_at + 15)
+    reaper.reap_generations(progressed_at + 15)  # alive, and its last token 15 s ago: fine
+    assert sent == [] and field(r, "owner") == "gpu-1"
+    beat(r, "gpu-1", progressed_at + 25)
+    reaper.reap_generations(progressed_at + 25)  # alive, but nothing for 25 s: released
+    assert sent == [RESPONSE]
+    assert field(r, "owner") == "" and field(r, "losses") == "1"
+    # The stalled owner's copy is fenced off; the next claim resumes from the stream's token.
+    again = gens.claim(RESPONSE, "gpu-1")
+    assert again.fence is not None and again.fence.epoch == claim.fence.epoch + 1
+    assert gens.progress(RESPONSE).token_ids == [11]
+
+
 def test_a_job_without_message_is_dispatched_again_but_not_one_waiting_in_the_queue(
     r: redis.Redis, private_redis: PrivateRedis
 ) -> None:
