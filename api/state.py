@@ -88,7 +88,7 @@ class AppState:
             reaper_redis,
             settings,
             holder_id,
-            send_generation=lambda response_id: send_generation(celery, response_id),
+            send_generation=lambda response_id, model: send_generation(celery, response_id, model),
             take_over_postprocessing=inline.take_over_lapsed if inline is not None else None,
         )
         reaper.start()
@@ -138,10 +138,10 @@ class AppState:
         await pipe.execute()
         return True
 
-    async def dispatch_generation(self, response_id: str) -> None:
-        """Send the generation message of a staged job without blocking the event loop."""
+    async def dispatch_generation(self, response_id: str, model: str) -> None:
+        """Send the generation message of a staged job to its model's queue without blocking the loop."""
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self.publisher_pool, send_generation, self.celery, response_id)
+        await loop.run_in_executor(self.publisher_pool, send_generation, self.celery, response_id, model)
 
     async def start_postprocessing(self, response_id: str) -> None:
         """Hand the response to a post-process worker, or to the inline post-processor."""

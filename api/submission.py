@@ -391,7 +391,9 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
 
     # Both messages at once: each publish is a blocking round trip (~1 ms) on a pool thread,
     # and the first token waits for the generate message.
-    await asyncio.gather(state.dispatch_generation(response_id), state.start_postprocessing(response_id))
+    await asyncio.gather(
+        state.dispatch_generation(response_id, model), state.start_postprocessing(response_id)
+    )
     log.info(
         "accepted: %d prompt tokens, at most %d new, stream=%s", len(prompt_ids), limit, bool(request.stream)
     )

@@ -71,7 +71,7 @@ def run(settings: Settings) -> None:
         redis,
         engine,
         generations,
-        dispatch=lambda rid: send_generation(app, rid),
+        dispatch=lambda rid: send_generation(app, rid, card.name),
         max_losses=settings.gpu_max_losses,
     )
     publisher.start()
@@ -104,12 +104,12 @@ def run(settings: Settings) -> None:
         publisher,
         generations,
         worker_id,
-        dispatch=lambda rid: send_generation(app, rid),
+        dispatch=lambda rid: send_generation(app, rid, card.name),
         model=card.name,
     )
     register_generate_task(app, service)
     release = WorkRelease(
-        publisher, settings.shutdown_grace_s, dispatch=lambda rid: send_generation(app, rid)
+        publisher, settings.shutdown_grace_s, dispatch=lambda rid: send_generation(app, rid, card.name)
     )
 
     def shutting_down(**_: object) -> None:
@@ -117,15 +117,18 @@ def run(settings: Settings) -> None:
         release.begin()
 
     worker_shutting_down.connect(shutting_down, weak=False)
-    reaper = Reaper(redis, settings, worker_id, send_generation=lambda rid: send_generation(app, rid))
+    reaper = Reaper(
+        redis, settings, worker_id, send_generation=lambda rid, model: send_generation(app, rid, model)
+    )
     reaper.start()
-    log.info("GPU worker %s serving %r; consuming queue %r", worker_id, loaded.card.name, keys.GENERATE_QUEUE)
+    queue = keys.generate_queue(card.name)
+    log.info("GPU worker %s serving %r; consuming queue %r", worker_id, card.name, queue)
     try:
         app.worker_main(
             [
                 *(["--quiet"] if settings.log_format == "json" else []),  # the banner is not JSON
                 "worker",
-                f"--queues={keys.GENERATE_QUEUE}",
+                f"--queues={queue}",
                 "--pool=solo",
                 "--concurrency=1",
                 f"--hostname=gpu-{os.getpid()}@{socket.gethostname()}",

@@ -23,9 +23,9 @@ def make_celery(settings: Settings) -> Celery:
         result_serializer="json",
         task_ignore_result=True,
         result_backend=None,
-        task_queues=(Queue(keys.GENERATE_QUEUE), Queue(keys.POSTPROCESS_QUEUE)),
+        # Generation queues are per model (keys.generate_queue), created as they are first used.
+        task_queues=(Queue(keys.POSTPROCESS_QUEUE),),
         task_routes={
-            keys.GENERATE_TASK: {"queue": keys.GENERATE_QUEUE},
             keys.POSTPROCESS_TASK: {"queue": keys.POSTPROCESS_QUEUE},
         },
         task_default_queue=keys.POSTPROCESS_QUEUE,

@@ -18,6 +18,7 @@ PREFIX = "resq"
 
 # Celery queues
 GENERATE_QUEUE = "generate"
+"""The prefix of the generation queues: one per served model (:func:`generate_queue`)."""
 POSTPROCESS_QUEUE = "postprocess"
 
 # Celery task names (roles register them; senders use the names only)
@@ -147,6 +148,11 @@ def sequence_number_of(entry_id: bytes | str) -> int:
     """The ``sequence_number`` of an event-log entry id."""
     text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
     return int(text.split("-", 1)[1]) - 1
+
+
+def generate_queue(model: str) -> str:
+    """The Celery queue of the generation jobs of ``model``: only GPU workers serving it consume it."""
+    return f"{GENERATE_QUEUE}:{model}"
 
 
 def celery_queue(queue: str) -> str:

@@ -42,3 +42,8 @@ def optional_text(reply: Any) -> str | None:
     if reply is None:
         return None
     return reply.decode() if isinstance(reply, bytes) else str(reply)
+
+
+def texts(reply: Any) -> list[str]:
+    """A reply of names (``HKEYS``, ``SMEMBERS``) as text."""
+    return [name.decode() if isinstance(name, bytes) else str(name) for name in reply]

@@ -221,7 +221,7 @@ class Settings(BaseSettings):
         gt=0,
         description=(
             "A generation job that no GPU worker has claimed and that is not waiting in the "
-            "`generate` queue counts as lost after this long and is dispatched again."
+            "`generate:<model>` queue counts as lost after this long and is dispatched again."
         ),
     )
     gpu_lost_timeout_s: float = Field(

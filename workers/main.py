@@ -57,7 +57,7 @@ def run(settings: Settings) -> None:
         redis,
         settings,
         worker_id,
-        send_generation=lambda response_id: send_generation(app, response_id),
+        send_generation=lambda response_id, model: send_generation(app, response_id, model),
         take_over_postprocessing=service.take_over_lapsed,
     )
     heartbeat.start()

@@ -1,9 +1,11 @@
 """Generation messages: sending one, and seeing which responses have one waiting.
 
 A ``resq.generate`` message carries only the response id; the job itself is in
-the response's generation hash. Its Celery task id starts with the response id,
-so the reaper can tell a job that waits in the ``generate`` queue behind others
-(leave it) from one whose message was lost (send another).
+the response's generation hash. It goes to the queue of the job's model
+(``generate:<model>``), which only GPU workers serving that model consume, so a
+job never reaches a worker that would render it with another model. Its Celery
+task id starts with the response id, so the reaper can tell a job that waits in
+its queue behind others (leave it) from one whose message was lost (send another).
 
 Reading the queue relies on how kombu's Redis transport stores it: a list named
 after the queue holding JSON envelopes whose ``headers.id`` is the task id (the
@@ -19,6 +21,7 @@ from celery import Celery
 from redis import Redis
 
 from resq import jsonutil, keys
+from resq.redis_types import texts
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +33,12 @@ def generation_task_id(response_id: str) -> str:
     return f"{response_id}/{uuid.uuid4().hex[:12]}"
 
 
-def send_generation(celery: Celery, response_id: str) -> None:
-    """Send one ``resq.generate`` message for ``response_id`` (blocking)."""
+def send_generation(celery: Celery, response_id: str, model: str) -> None:
+    """Send one ``resq.generate`` message for ``response_id`` to ``model``'s queue (blocking)."""
     celery.send_task(
         keys.GENERATE_TASK,
         kwargs={"response_id": response_id},
-        queue=keys.GENERATE_QUEUE,
+        queue=keys.generate_queue(model),
         task_id=generation_task_id(response_id),
     )
 
@@ -48,16 +51,23 @@ def _response_id_of(message: bytes | str) -> str | None:
     return str(task_id).split("/", 1)[0] if isinstance(task_id, str) else None
 
 
+def generation_queues(redis: Redis) -> list[str]:
+    """The generation queues of every model with a card (served now or before)."""
+    return sorted(keys.generate_queue(name) for name in texts(redis.hkeys(keys.MODELS)))
+
+
 def queued_generations(redis: Redis) -> set[str]:
-    """Ids of the responses that have a message waiting in the ``generate`` queue."""
+    """Ids of the responses that have a message waiting in a generation queue."""
     found: set[str] = set()
-    start = 0
-    while True:
-        page = redis.lrange(keys.GENERATE_QUEUE, start, start + QUEUE_SCAN_PAGE - 1)
-        for message in page:
-            response_id = _response_id_of(message)
-            if response_id is not None:
-                found.add(response_id)
-        if len(page) < QUEUE_SCAN_PAGE:
-            return found
-        start += QUEUE_SCAN_PAGE
+    for queue in generation_queues(redis):
+        start = 0
+        while True:
+            page = redis.lrange(keys.celery_queue(queue), start, start + QUEUE_SCAN_PAGE - 1)
+            for message in page:
+                response_id = _response_id_of(message)
+                if response_id is not None:
+                    found.add(response_id)
+            if len(page) < QUEUE_SCAN_PAGE:
+                break
+            start += QUEUE_SCAN_PAGE
+    return found

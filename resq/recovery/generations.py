@@ -11,6 +11,7 @@ next claimant resumes from the tokens already in the stream.
 Hash fields:
 
 - ``job``: the :class:`~resq.wire.GenerationJob` JSON as accepted (original prompt and budget);
+- ``model``: the job's model (whose queue its messages go to);
 - ``prompt_tokens``: the length of that prompt;
 - ``state``: ``pending`` until the finish entry is appended, then ``finished``
   (or ``failed`` when the reaper ended it);
@@ -212,6 +213,8 @@ class Snapshot:
     dispatched_at_ms: int
     progressed_at_ms: int | None = None
     """Its latest claim or append (Redis' clock); None before its first claim."""
+    model: str = ""
+    """The model the job is for (whose queue a dispatch goes to)."""
 
 
 SNAPSHOT_FIELDS: Final = (
@@ -224,6 +227,7 @@ SNAPSHOT_FIELDS: Final = (
     "unowned_since",
     "dispatched_at",
     "progressed_at",
+    "model",
 )
 
 
@@ -234,6 +238,7 @@ def stage(pipe: AnyPipeline, job: GenerationJob, ttl_s: int, now_ms: int) -> Non
         key,
         mapping={
             "job": job.model_dump_json(),
+            "model": job.model,
             "prompt_tokens": len(job.prompt_token_ids),
             "state": PENDING,
             "owner": "",
@@ -272,9 +277,18 @@ def _flatten(fields: StreamFields) -> list[EncodableT]:
 
 def parse_snapshot(values: list[bytes | None]) -> Snapshot:
     """A :class:`Snapshot` from ``HMGET`` of :data:`SNAPSHOT_FIELDS`."""
-    state, owner, epoch, losses, prompt_tokens, generated, unowned_since, dispatched_at, progressed_at = (
-        values
-    )
+    (
+        state,
+        owner,
+        epoch,
+        losses,
+        prompt_tokens,
+        generated,
+        unowned_since,
+        dispatched_at,
+        progressed_at,
+        model,
+    ) = values
     return Snapshot(
         state=state.decode() if state is not None else None,
         owner=(owner or b"").decode(),
@@ -285,6 +299,7 @@ def parse_snapshot(values: list[bytes | None]) -> Snapshot:
         unowned_since_ms=int(unowned_since) if unowned_since else None,
         dispatched_at_ms=int(dispatched_at or 0),
         progressed_at_ms=int(progressed_at) if progressed_at else None,
+        model=(model or b"").decode(),
     )
 
 

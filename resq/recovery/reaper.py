@@ -40,7 +40,7 @@ from resq.recovery.generations import (
 )
 from resq.redis_types import scored_members
 from resq.settings import Settings
-from resq.wire import FinishEntry
+from resq.wire import FinishEntry, GenerationJob
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class Reaper:
         redis: Redis,
         settings: Settings,
         holder_id: str,
-        send_generation: Callable[[str], None],
+        send_generation: Callable[[str, str], None],
         take_over_postprocessing: Callable[[], None] | None = None,
     ) -> None:
         self._redis = redis
@@ -186,14 +186,21 @@ class Reaper:
             self._end(response_id, snapshot, "error", message)
             return
         log.warning("GPU worker %s is gone; dispatching %s again to resume it", snapshot.owner, response_id)
-        self._send_generation(response_id)
+        self._send_generation(response_id, self._model_of(response_id, snapshot))
 
     def _dispatch_again(self, response_id: str, snapshot: Snapshot, now: float) -> None:
         if self._generations.mark_redispatched(response_id, snapshot.epoch, int(now * 1000)):
             log.warning(
                 "generation job of %s is neither claimed nor queued; dispatching it again", response_id
             )
-            self._send_generation(response_id)
+            self._send_generation(response_id, self._model_of(response_id, snapshot))
+
+    def _model_of(self, response_id: str, snapshot: Snapshot) -> str:
+        """The job's model (jobs staged before the field existed: read from the job itself)."""
+        if snapshot.model:
+            return snapshot.model
+        job_json = self._redis.hget(keys.generation(response_id), "job")
+        return GenerationJob.model_validate_json(job_json).model if job_json else ""
 
     def _no_gpu_message(self, snapshot: Snapshot) -> str:
         timeout = f"{self._settings.gpu_lost_timeout_s:g}s"

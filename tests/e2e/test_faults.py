@@ -491,7 +491,7 @@ def test_a_restarted_gpu_worker_resumes_and_a_lost_message_is_sent_again(
         for event in stream:
             events.append(as_dict(event))
             if len(events) == 2:
-                assert r.delete(keys.GENERATE_QUEUE) == 1, "the message was not waiting in the queue"
+                assert r.delete(keys.generate_queue(MODEL)) == 1, "the message was not waiting in the queue"
                 stack.start_gpu_worker()
     final = check_stream(events, background=True)
     assert output_text(final) == scenario("hello").completion

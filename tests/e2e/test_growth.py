@@ -84,7 +84,7 @@ def _settled(client: redis.Redis) -> bool:
     return (
         client.zcard("resq:generations") == 0
         and client.zcard("resq:{leases}:postprocess") == 0
-        and client.llen("generate") == 0
+        and client.llen(f"generate:{MODEL}") == 0
         and client.llen("postprocess") == 0
     )
 

@@ -90,3 +90,42 @@ def test_a_restart_with_another_model_serves_only_that_model(
     finally:
         stack.group.stop_all()
         workers.stop_all()
+
+
+def test_two_models_on_one_redis_each_job_goes_to_its_models_worker(
+    cards_env: dict[str, str], log_dir: Path
+) -> None:
+    """Each model's jobs wait in that model's queue (``generate:<model>``), which only its workers
+    consume: with one shared queue a worker of the other model would take half of them."""
+    workers = ProcessGroup(log_dir, cards_env)
+    worker_a = workers.start("gpu-worker", "gpu-worker-two-a")
+    worker_b = workers.start(
+        "gpu-worker", "gpu-worker-two-b", RESQ_MODEL="builtin", RESQ_MODEL_NAME="model-b"
+    )
+    url = cards_env["RESQ_REDIS_URL"]
+    wait_until(
+        lambda: model_registered(url, "model-a") and model_registered(url, "model-b"),
+        START_TIMEOUT_S,
+        "both models",
+        [worker_a, worker_b],
+    )
+    stack = start_stack(cards_env, log_dir, 0, "two-models")
+    client = redis.Redis.from_url(url)
+    try:
+        assert listed(stack) == ["model-a", "model-b"]
+        owners: dict[str, set[str]] = {"model-a": set(), "model-b": set()}
+        for _ in range(4):
+            for model in owners:
+                reply = create(stack, model)
+                assert reply.status_code == 200, reply.text
+                assert (
+                    reply.json()["status"] in ("completed", "incomplete") and reply.json()["model"] == model
+                )
+                owner = client.hget(keys.generation(reply.json()["id"]), "owner")
+                owners[model].add((owner or b"").decode().rsplit(":", 1)[-1])
+        assert owners == {"model-a": {str(worker_a.process.pid)}, "model-b": {str(worker_b.process.pid)}}
+        assert "serves 'model-" not in worker_a.log_tail(400) + worker_b.log_tail(400)
+    finally:
+        client.close()
+        stack.group.stop_all()
+        workers.stop_all()

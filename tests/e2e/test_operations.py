@@ -109,7 +109,7 @@ def test_metrics_of_every_role_grow_after_a_streamed_request(
         >= output_tokens
     )
     assert value(api_after, "resq_workers_alive", role="gpu") >= 1
-    assert ("resq_queue_depth", (("queue", "generate"),)) in api_after
+    assert ("resq_queue_depth", (("queue", f"generate:{MODEL}"),)) in api_after
 
     gpu_after = scrape(worker_metrics(gpu_worker))
     assert (

@@ -136,7 +136,9 @@ def test_the_scrape_reads_queue_depth_and_live_workers_from_redis(
 ) -> None:
     # A queue of the test's own: live workers of the session consume the real ones.
     queue = f"unit-{uuid.uuid4().hex}"
-    monkeypatch.setattr(metrics_route, "QUEUES", (keys.GENERATE_QUEUE, queue))
+    monkeypatch.setattr(metrics_route, "QUEUES", (queue,))
+    model = f"unit-model-{uuid.uuid4().hex}"
+    redis_client.hset(keys.MODELS, model, "{}")  # a card: its generation queue is measured too
     fresh, stale = f"gpu@unit-{queue}:1", f"gpu@unit-{queue}:2"
     alive_before = scrape(client)["resq_workers_alive"][(("role", "gpu"),)]
     redis_client.rpush(keys.celery_queue(queue), b"m1", b"m2", b"m3")
@@ -146,8 +148,9 @@ def test_the_scrape_reads_queue_depth_and_live_workers_from_redis(
     finally:
         redis_client.delete(keys.celery_queue(queue))
         redis_client.zrem(keys.GPU_WORKERS, fresh, stale)
+        redis_client.hdel(keys.MODELS, model)
     assert values["resq_queue_depth"][(("queue", queue),)] == 3
-    assert (("queue", "generate"),) in values["resq_queue_depth"]
+    assert values["resq_queue_depth"][(("queue", keys.generate_queue(model)),)] == 0
     assert values["resq_workers_alive"][(("role", "gpu"),)] == alive_before + 1
     assert values["resq_redis_up"][()] == 1
 

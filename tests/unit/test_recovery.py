@@ -220,7 +220,8 @@ def test_a_registered_lease_nobody_took_lapses(r: redis.Redis, private_redis: Pr
 class Dispatched(list[str]):
     """What the reaper sent to the generate queue."""
 
-    def __call__(self, response_id: str) -> None:
+    def __call__(self, response_id: str, model: str) -> None:
+        assert model == "m", "dispatched to another model's queue"
         self.append(response_id)
 
 
@@ -300,8 +301,10 @@ def test_a_job_without_message_is_dispatched_again_but_not_one_waiting_in_the_qu
     stage(r, job(RESPONSE), at=now)
     stage(r, job(OTHER), at=now)
     celery = make_celery(Settings(redis_url=private_redis.url))
-    send_generation(celery, OTHER)  # a real Celery message, as the API sends it
+    r.hset(keys.MODELS, "m", "{}")  # the model has a card: its queue is read
+    send_generation(celery, OTHER, "m")  # a real Celery message, as the API sends it
     assert queued_generations(r) == {OTHER}
+    assert r.llen(keys.generate_queue("m")) == 1
 
     reaper, sent = reaper_for(r, private_redis.url)
     reaper._contact_since = now - 100
@@ -346,7 +349,8 @@ def test_a_live_gpu_worker_keeps_a_queued_job_from_failing(
 ) -> None:
     now = time.time()
     stage(r, job(), at=now)
-    send_generation(make_celery(Settings(redis_url=private_redis.url)), RESPONSE)
+    r.hset(keys.MODELS, "m", "{}")
+    send_generation(make_celery(Settings(redis_url=private_redis.url)), RESPONSE, "m")
     reaper, sent = reaper_for(r, private_redis.url)
     reaper._contact_since = now - 100
     beat(r, "gpu-busy", now + 500)
