@@ -17,7 +17,7 @@ from api.prompting import PromptRequest, RequestItems, context_length_exceeded, 
 from api.relay import wait_for_terminal
 from api.schemas import CreateResponseRequest, CustomTool, FunctionTool, JsonSchemaFormat, NamespaceTool, Tool
 from api.state import AppState
-from resq import ids, item_index, jsonutil, keys, turns
+from resq import faults, ids, item_index, jsonutil, keys, turns
 from resq.catalog import TextTokenizer
 from resq.conversation import since_last_compaction
 from resq.events import builders as build
@@ -388,6 +388,7 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
         )
     generations.stage(pipe, job, ttl, int(time.time() * 1000))
     await pipe.execute()
+    faults.reached("api.after_record")
 
     # Both messages at once: each publish is a blocking round trip (~1 ms) on a pool thread,
     # and the first token waits for the generate message.

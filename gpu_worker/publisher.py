@@ -30,7 +30,7 @@ from transformers.generation.continuous_batching.requests import GenerationOutpu
 
 from gpu_worker import metrics, pipelines
 from gpu_worker.engine import Engine, response_of
-from resq import keys
+from resq import faults, keys
 from resq.logs import about
 from resq.recovery.generations import (
     ALREADY_APPENDED,
@@ -259,6 +259,8 @@ class TokenPublisher:
             # released it while its copy appended nothing: then the copy stops here too.
             pipe.hmget(keys.generation(response_id), ["owner", "epoch"])
         results = pipelines.execute(self._redis, pipe)
+        if appends:
+            faults.reached("gpu.after_publish")
         self._pending.clear()  # everything in it is published, or belongs to no tracked request
         ended: list[str] = []
         lost: set[str] = set()

@@ -12,7 +12,7 @@ from redis import Redis
 from gpu_worker import metrics
 from gpu_worker.engine import Engine, EngineStoppedError, engine_request_id
 from gpu_worker.publisher import TokenPublisher
-from resq import keys
+from resq import faults, keys
 from resq.recovery.generations import Fence, Generations, Resumption, plan_resume
 from resq.wire import FinishEntry
 
@@ -68,6 +68,7 @@ class GenerationService:
                 self._generations.forget(response_id)
             return
         fence = claim.fence
+        faults.reached("gpu.after_claim")
         end_tokens = frozenset(self._engine.end_tokens(claim.job))
         plan = plan_resume(claim.job, self._generations.progress(response_id), end_tokens)
         if isinstance(plan, FinishEntry):

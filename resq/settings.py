@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from resq.faults import FAULT_POINTS, FaultPoint
 from resq.postprocess.parsers import REASONING_PARSERS, TOOL_PARSERS
 
 BUILTIN_MODEL = "builtin"
@@ -230,6 +231,13 @@ class Settings(BaseSettings):
         description=(
             "A response whose GPU worker was lost (or that no live GPU worker can take) fails with "
             "`server_error` when no GPU worker resumes it within this long."
+        ),
+    )
+    fault_point: FaultPoint | None = Field(
+        None,
+        description=(
+            "Testing only: the process ends itself (as kill -9 would) when it reaches this point "
+            f"({', '.join(FAULT_POINTS)}); unset in production."
         ),
     )
     gpu_stall_timeout_s: float = Field(

@@ -30,7 +30,7 @@ from typing import Any
 
 from redis import Redis
 
-from resq import conversations, item_index, jsonutil, keys, turns
+from resq import conversations, faults, item_index, jsonutil, keys, turns
 from resq.catalog import ModelCatalog
 from resq.events import types
 from resq.events.emitter import EncodedEvent, EventEmitter
@@ -301,9 +301,11 @@ class _Run:
             status, stored = _finalize(redis, response_id, processor.final_response("cancelled"), self._ttl_s)
         if status == "missing":
             return status
+        faults.reached("postprocess.after_final_record")
         self._index_output(stored)
-        if status in APPENDED_STATUSES:
+        if status in APPENDED_STATUSES and self._conversation is not None:
             self._append_to_conversation(stored)
+            faults.reached("postprocess.after_conversation_append")
         self._writer.append([processor.terminal_event(status, stored)])
         redis.delete(keys.tokens(response_id))
         return status

@@ -27,6 +27,8 @@ from openai import OpenAI
 from openai.types.responses import Response
 
 from resq import keys
+from resq.faults import FAULT_EXIT_CODE
+from resq.redis_types import range_entries
 from tests.e2e.conftest import MODEL
 from tests.fixture_model import scenario
 from tests.support.invariants import as_dict, check_stream, output_text
@@ -76,8 +78,8 @@ class FaultStack:
     def redis(self) -> redis.Redis:
         return self.redis_server.client()
 
-    def start_gpu_worker(self, wait: bool = True) -> RoleProcess:
-        worker = self.group.start("gpu-worker", f"gpu-{len(self.gpu_workers)}")
+    def start_gpu_worker(self, wait: bool = True, **env: str) -> RoleProcess:
+        worker = self.group.start("gpu-worker", f"gpu-{len(self.gpu_workers)}", **env)
         self.gpu_workers.append(worker)
         if wait:
             self.wait_for_gpu_worker(worker)
@@ -87,14 +89,14 @@ class FaultStack:
         url = self.redis_server.url
         wait_until(lambda: _gpu_beats(url, worker.process.pid), START_TIMEOUT_S, worker.name, [worker])
 
-    def start_postprocess_worker(self) -> RoleProcess:
-        worker = self.group.start("postprocess-worker", f"postprocess-{len(self.postprocess_workers)}")
+    def start_postprocess_worker(self, **env: str) -> RoleProcess:
+        worker = self.group.start("postprocess-worker", f"postprocess-{len(self.postprocess_workers)}", **env)
         self.postprocess_workers.append(worker)
         return worker
 
-    def start_api(self, wait: bool = True) -> str:
+    def start_api(self, wait: bool = True, **env: str) -> str:
         port = free_port()
-        api = self.group.start("api", f"api-{len(self.apis)}", RESQ_PORT=str(port))
+        api = self.group.start("api", f"api-{len(self.apis)}", RESQ_PORT=str(port), **env)
         base_url = f"http://127.0.0.1:{port}"
         self.apis.append((api, base_url))
         if wait:
@@ -150,8 +152,10 @@ def make_stack(
         postprocess_workers: int = 0,
         apis: int = 1,
         append_only: bool = False,
+        faulty: dict[str, str] | None = None,
         **env: str,
     ) -> FaultStack:
+        """``faulty``: role (``gpu``, ``postprocess``, ``api``) -> the fault point of its first process."""
         server = PrivateRedis(tmp_path / f"redis-{len(built)}", append_only=append_only)
         server.start()
         settings = {
@@ -169,12 +173,17 @@ def make_stack(
         stack = FaultStack(server, ProcessGroup(test_logs, settings))
         built.append(stack)
         # Everything starts at once; then wait until each GPU worker beats and each API is healthy.
-        for _ in range(gpu_workers):
-            stack.start_gpu_worker(wait=False)
-        for _ in range(postprocess_workers):
-            stack.start_postprocess_worker()
-        for _ in range(apis):
-            stack.start_api(wait=False)
+        points = faulty or {}
+
+        def fault_env(role: str, index: int) -> dict[str, str]:
+            return {"RESQ_FAULT_POINT": points[role]} if index == 0 and role in points else {}
+
+        for index in range(gpu_workers):
+            stack.start_gpu_worker(wait=False, **fault_env("gpu", index))
+        for index in range(postprocess_workers):
+            stack.start_postprocess_worker(**fault_env("postprocess", index))
+        for index in range(apis):
+            stack.start_api(wait=False, **fault_env("api", index))
         for worker in stack.gpu_workers:
             stack.wait_for_gpu_worker(worker)
         for index in range(apis):
@@ -616,3 +625,101 @@ def test_tiny_temperatures_answer_greedily_beside_a_normal_stream(make_stack: St
     worker = stack.gpu_workers[0]
     assert worker.alive()
     assert "engine failed" not in worker.log_tail(400) and "non-finite" not in worker.log_tail(400)
+
+
+# --- faults at exact points (RESQ_FAULT_POINT) -------------------------------------------------------
+
+
+def ended_at_fault_point(role: RoleProcess) -> bool:
+    return role.process.poll() == FAULT_EXIT_CODE
+
+
+def wait_for_fault(role: RoleProcess, point: str) -> None:
+    wait_until(lambda: ended_at_fault_point(role), RECOVERY_BOUND_S, f"{role.name} to end at {point}")
+    assert f"fault point {point} reached" in role.log_tail(50)
+
+
+def logged_events(r: redis.Redis, response_id: str) -> list[dict[str, Any]]:
+    return [json.loads(fields[b"data"]) for _, fields in range_entries(r.xrange(keys.events(response_id)))]
+
+
+@pytest.mark.parametrize("point", ["postprocess.after_final_record", "postprocess.after_conversation_append"])
+def test_a_post_processor_ended_between_the_final_record_and_the_terminal_event(
+    make_stack: StackFactory, references: References, point: str
+) -> None:
+    """The final Response is stored (and the conversation holds the items), the terminal event is not
+    logged: the takeover logs it, byte for byte what the record says, and appends nothing twice."""
+    stack = make_stack(postprocess_workers=1, faulty={"postprocess": point})
+    r = stack.redis
+    client = stack.client()
+    conversation = client.conversations.create(items=[{"role": "user", "content": "Hi."}])
+    request = {**LONG, "max_output_tokens": 24}
+    started = client.responses.create(model=MODEL, background=True, conversation=conversation.id, **request)
+    wait_for_fault(stack.postprocess_workers[0], point)
+    assert r.hget(keys.record(started.id), "final") == b"1"
+    stack.start_postprocess_worker()
+    # The record is final already; the stream ends once the takeover logged the terminal event.
+    streamed = [as_dict(event) for event in client.responses.retrieve(started.id, stream=True)]
+    check_stream(streamed, background=True)
+    final = client.responses.retrieve(started.id)
+    events = logged_events(r, started.id)
+    assert [(event["sequence_number"], event["type"]) for event in events] == [
+        (event["sequence_number"], event["type"]) for event in streamed
+    ]
+    assert events[-1]["response"] == json.loads(r.hget(keys.record(started.id), "response") or b"{}")
+    # The reference is the same prompt sent whole: the conversation's item, then the input.
+    seeded = [{"role": "user", "content": "Hi."}, {"role": "user", "content": request["input"]}]
+    assert comparable(final.model_dump(mode="json")) == references(**{**request, "input": seeded})
+    listed = [item.id for item in client.conversations.items.list(conversation.id, order="asc", limit=100)]
+    own_input = client.responses.input_items.list(started.id).data[0].id
+    assert listed[1:] == [own_input, *[item.id for item in final.output]]
+
+
+@pytest.mark.parametrize("point", ["gpu.after_claim", "gpu.after_publish"])
+def test_a_gpu_worker_ended_right_after_claiming_or_publishing(
+    make_stack: StackFactory, references: References, point: str
+) -> None:
+    """After a claim (nothing published) or after a publish it never counted: another worker resumes
+    from exactly what the stream holds; the stream holds every token once."""
+    stack = make_stack(faulty={"gpu": point})
+    r = stack.redis
+    client = stack.client()
+    started = client.responses.create(model=MODEL, background=True, **LONG)
+    wait_for_fault(stack.gpu_workers[0], point)
+    stack.start_gpu_worker()
+    final = wait_final(client, started.id)
+    assert comparable(final.model_dump(mode="json")) == references(**LONG), stack.logs()
+    assert generation_field(r, started.id, "losses") == "1"
+    events = logged_events(r, started.id)
+    check_stream(events, background=True)
+
+
+def test_an_api_ended_after_recording_before_sending_its_messages(
+    make_stack: StackFactory, references: References
+) -> None:
+    """The response is recorded and its job staged, but neither Celery message went out: the other
+    API's reaper sends the generation again and takes the post-processing over."""
+    point = "api.after_record"
+    stack = make_stack(apis=2, faulty={"api": point})
+    r = stack.redis
+    with pytest.raises(openai.APIConnectionError):
+        stack.client(0).responses.create(model=MODEL, **LONG)
+    wait_for_fault(stack.apis[0][0], point)
+    listed = [member.decode() for member in r.zrange(keys.GENERATIONS, 0, -1)]
+    assert len(listed) == 1, listed
+    response_id = listed[0]
+    other = stack.client(1)
+    final = wait_final(other, response_id)
+    assert comparable(final.model_dump(mode="json")) == references(**LONG), stack.logs()
+    events = [as_dict(event) for event in other.responses.retrieve(response_id, stream=True)]
+    check_stream(events)
+
+
+def wait_final(client: OpenAI, response_id: str) -> Response:
+    deadline = time.monotonic() + 120
+    while True:
+        response = client.responses.retrieve(response_id)
+        if response.status not in ("queued", "in_progress"):
+            return response
+        assert time.monotonic() < deadline, f"{response_id} did not end"
+        time.sleep(0.2)
