@@ -129,6 +129,7 @@ def _pick(errors: Sequence[Any]) -> dict[str, Any]:
                 "metadata_limit",
                 "invalid_unicode",
                 "nesting_limit",
+                "items_limit",
                 "unknown_tool_type",
             )
             else 0
@@ -145,7 +146,7 @@ def validation_error_to_openai(errors: Sequence[Any]) -> OpenAIError:
     error = _pick(errors)
     kind: str = error["type"]
     param = _param_path(error["loc"])
-    if kind in ("invalid_unicode", "nesting_limit"):  # from api.schemas.check_raw_body
+    if kind in ("invalid_unicode", "nesting_limit", "items_limit"):  # from api.schemas.check_raw_body
         return invalid_value(str(error["msg"]), (error.get("ctx") or {}).get("param"))
     if kind == "json_invalid" or (kind == "missing" and param is None):  # no body at all
         return OpenAIError(

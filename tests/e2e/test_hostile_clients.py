@@ -75,13 +75,26 @@ print(reply.text)
 """Sends the hostile body from another process: in this one, its GIL would delay the stream's reader."""
 
 
-def test_a_huge_input_is_refused_without_stalling_other_streams(pinging: Stack, tmp_path: Path) -> None:
+HOSTILE_ITEMS = 220_000
+"""One-word messages in about 7.5 MB: validating them held the event loop for about 2 s."""
+HOSTILE_BODIES: dict[str, tuple[Any, tuple[str, str]]] = {
+    "long_text": ("x" * HOSTILE_INPUT_CHARS, ("context_length_exceeded", "input")),
+    "many_items": ([{"role": "user", "content": "hi"}] * HOSTILE_ITEMS, ("invalid_value", "input")),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE_BODIES))
+def test_a_huge_input_is_refused_without_stalling_other_streams(
+    pinging: Stack, tmp_path: Path, kind: str
+) -> None:
     """~7 MB of input used to be rendered and tokenized on the event loop before the context
     check: every stream of the replica, and /health, stopped for seconds (9 s here). Now it is
-    refused on its size alone, off the loop, and a running stream does not notice."""
+    refused on its size alone, off the loop, and a running stream does not notice. The same for
+    220,000 tiny items (about 2 s of validation on the loop): refused on their count first."""
     stack = pinging
+    hostile_input, expected_error = HOSTILE_BODIES[kind]
     hostile = tmp_path / "hostile.json"
-    hostile.write_text(json.dumps({"model": MODEL, "input": "x" * HOSTILE_INPUT_CHARS}))
+    hostile.write_text(json.dumps({"model": MODEL, "input": hostile_input}))
     arrivals: list[float] = []
     stop = threading.Event()
     reader = threading.Thread(target=_stream_arrivals, args=(stack, stop, arrivals), daemon=True)
@@ -121,8 +134,9 @@ def test_a_huge_input_is_refused_without_stalling_other_streams(pinging: Stack, 
     )
     assert status == "400", text
     error = json.loads(text)["error"]
-    assert (error["code"], error["param"]) == ("context_length_exceeded", "input")
-    assert "at least" in error["message"], "refused on its size, before the tokenizer ran"
+    assert (error["code"], error["param"]) == expected_error
+    if kind == "long_text":
+        assert "at least" in error["message"], "refused on its size, before the tokenizer ran"
     assert hostile_gap < MAX_STREAM_GAP_S, (hostile_gap, baseline_gap)
     assert max(health_latencies) < MAX_STREAM_GAP_S, health_latencies
 

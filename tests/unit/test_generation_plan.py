@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 from api.errors import OpenAIError, validation_error_to_openai
 from api.generation_plan import THINKING_SWITCH, plan_generation, plan_tools, thinking_context, wants_logprobs
 from api.prompting import render_prompt
-from api.schemas import CreateResponseRequest
+from api.schemas import MAX_INPUT_ITEMS, CreateResponseRequest
 from api.submission import initial_response, stop_token_ids
 from resq.catalog import TextTokenizer
 from resq.cli import main
@@ -224,6 +224,7 @@ def test_the_response_echoes_what_was_asked() -> None:
             "unsupported_parameter",
         ),
         ({"tool_choice": "sometimes"}, "tool_choice", "invalid_value"),
+        ({"input": [{"role": "user", "content": "x"}] * (MAX_INPUT_ITEMS + 1)}, "input", "invalid_value"),
     ],
 )
 def test_refused_fields_name_their_parameter(fields: dict[str, Any], param: str, code: str) -> None:
