@@ -51,7 +51,7 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.continuous_batching.continuous_api import BackgroundThreadStatus
 from transformers.generation.continuous_batching.requests import GenerationOutput, RequestStatus
 
-from gpu_worker import raw_logprobs, sampling_step
+from gpu_worker import prefix_cache, raw_logprobs, sampling_step
 from gpu_worker.constraints import GrammarConstraints, GrammarRefusedError
 from gpu_worker.model_loading import LoadedModel
 from gpu_worker.penalties import Penalties
@@ -107,6 +107,7 @@ class Engine:
         # the outer one and the raw-logprobs tap only runs for a runner it does not take over.
         raw_logprobs.install()
         sampling_step.install()
+        prefix_cache.install()
         self._vocab_size = int(loaded.model.config.get_text_config().vocab_size)
         self.eos_token_ids = frozenset(loaded.card.eos_token_ids)
         self.context_length = loaded.card.context_length
@@ -170,6 +171,8 @@ class Engine:
             "per_request_processors": True,
             "seed": settings.seed,
             "return_logprobs": settings.logprobs,
+            # Prefix caching: prompt blocks another request computed are shared, not recomputed.
+            "allow_block_sharing": settings.prefix_caching,
         }
         if settings.structured_outputs and device.type == "cuda":
             # Grammar masks are applied by Python code in the step: a replayed CUDA graph would
@@ -263,10 +266,15 @@ class Engine:
 
     def forget(self, request_id: str) -> None:
         """Drop what the engine kept for a request that ended (its grammar matcher, its token counts)."""
+        prefix_cache.forget(request_id)
         if self.constraints is not None:
             self.constraints.forget(request_id)
         if self.penalties is not None:
             self.penalties.forget(request_id)
+
+    def cached_tokens(self, request_id: str) -> int:
+        """Prompt tokens of ``request_id`` whose KV blocks the engine reused instead of computing."""
+        return prefix_cache.reused(request_id)
 
     def end_tokens(self, job: GenerationJob) -> list[int]:
         """The tokens that end ``job``: the model's, and the request's own."""

@@ -322,13 +322,20 @@ class TokenPublisher:
             pipe.zrem(keys.GENERATIONS, response_id)
         pipe.execute()
 
+    def _cached(self, tracked: _Tracked) -> int:
+        # The engine's own figure, never more than the prompt (a resumed copy's prompt also holds
+        # the tokens generated before it).
+        return min(self._engine.cached_tokens(tracked.request_id), tracked.prompt_tokens)
+
     def _finish_entry(self, output: GenerationOutput, tracked: _Tracked) -> FinishEntry:
         generated = tracked.offset + len(output.generated_tokens)
+        cached = self._cached(tracked)
         if output.status == RequestStatus.FAILED or output.error is not None:
-            return FinishEntry("error", tracked.prompt_tokens, generated, output.error or "generation failed")
+            message = output.error or "generation failed"
+            return FinishEntry("error", tracked.prompt_tokens, generated, message, cached_tokens=cached)
         last = output.generated_tokens[-1] if output.generated_tokens else None
         reason: FinishReason = "stop" if last in tracked.end_tokens else "length"
-        return FinishEntry(reason, tracked.prompt_tokens, generated)
+        return FinishEntry(reason, tracked.prompt_tokens, generated, cached_tokens=cached)
 
     def _end(self, response_id: str, tracked: _Tracked) -> None:
         """End ``tracked``'s engine copy here: its slot and engine state go, once. It stops being
@@ -363,7 +370,9 @@ class TokenPublisher:
         pipe = self._redis.pipeline(transaction=False)
         for response_id, state in tracked.items():
             self._engine.cancel(state.request_id)
-            entry = FinishEntry("cancelled", state.prompt_tokens, state.total)
+            entry = FinishEntry(
+                "cancelled", state.prompt_tokens, state.total, cached_tokens=self._cached(state)
+            )
             self._generations.publish(pipe, response_id, state.fence, entry, state.total)
             log.info("cancelled %s after %d tokens", response_id, state.total, extra=about(response_id))
         pipelines.execute(self._redis, pipe)

@@ -81,6 +81,13 @@ class Settings(BaseSettings):
             "compaction) has the served model write."
         ),
     )
+    prefix_caching: bool = Field(
+        True,
+        description=(
+            "The engine shares the KV blocks of prompt prefixes other requests computed (transformers' "
+            "block sharing), and `usage.input_tokens_details.cached_tokens` reports the tokens it reused."
+        ),
+    )
     seed: int | None = Field(None, description="Sampling seed of the engine; unset: random.")
     logprobs: bool = Field(
         True,

@@ -76,6 +76,9 @@ class FinishEntry:
     prompt_tokens: int
     output_tokens: int
     error: str | None = None
+    cached_tokens: int = 0
+    """Prompt tokens the engine did not compute: their KV blocks were reused from an earlier request
+    (transformers' prefix sharing), as the engine reported it."""
 
 
 TokenStreamEntry = StartEntry | TokensEntry | FinishEntry
@@ -100,6 +103,8 @@ def encode_entry(entry: TokenStreamEntry) -> StreamFields:
     }
     if entry.error is not None:
         fields["error"] = entry.error
+    if entry.cached_tokens:
+        fields["cached_tokens"] = entry.cached_tokens
     return fields
 
 
@@ -118,6 +123,7 @@ def decode_entry(fields: dict[bytes, bytes]) -> TokenStreamEntry:
         return StartEntry(prompt_tokens=int(fields[b"prompt_tokens"]))
     if kind == b"finish":
         error = fields.get(b"error")
+        cached = fields.get(b"cached_tokens")
         reason = fields[b"finish_reason"].decode()
         if reason not in ("stop", "length", "cancelled", "error"):
             raise ValueError(f"unknown finish_reason {reason!r}")
@@ -126,5 +132,6 @@ def decode_entry(fields: dict[bytes, bytes]) -> TokenStreamEntry:
             prompt_tokens=int(fields[b"prompt_tokens"]),
             output_tokens=int(fields[b"output_tokens"]),
             error=error.decode() if error is not None else None,
+            cached_tokens=int(cached) if cached is not None else 0,
         )
     raise ValueError(f"unknown token-stream entry type {kind!r}")

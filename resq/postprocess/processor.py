@@ -140,6 +140,7 @@ class ResponseProcessor:
                 finish.prompt_tokens,
                 finish.output_tokens,
                 reasoning_tokens=self.reasoning_tokens,
+                cached_tokens=finish.cached_tokens,
             ),
         }
         if final_status == "completed":

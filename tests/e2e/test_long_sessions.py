@@ -6,6 +6,7 @@ and compaction, with the official SDK (strict) and openai-agents' sessions, on t
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 import openai
@@ -297,6 +298,26 @@ def test_context_management_compacts_past_its_threshold(stack: Stack) -> None:
     follow = {"input": "Thanks.", "previous_response_id": compacted.id}
     plain = client.responses.create(model=MODEL, input=[*history, last], temperature=0, max_output_tokens=16)
     assert count(client, **follow) < count(client, input="Thanks.", previous_response_id=plain.id)
+
+
+# --- prefix caching -------------------------------------------------------------------------------
+
+
+def test_a_repeated_prefix_is_reused_and_reported_as_cached_tokens(stack: Stack) -> None:
+    """An agent's next turn resends its instructions and history: the engine reuses their KV blocks,
+    and ``cached_tokens`` says how many prompt tokens it did not compute (whole 64-token pages)."""
+    client = stack.client()
+    instructions = f"Session {uuid.uuid4().hex}. " + " ".join(f"rule{index}" for index in range(150))
+    first = client.responses.create(
+        model=MODEL, instructions=instructions, input="Say hello.", temperature=0, max_output_tokens=4
+    )
+    second = client.responses.create(
+        model=MODEL, instructions=instructions, input="Say hello again.", temperature=0, max_output_tokens=4
+    )
+    assert first.usage is not None and first.usage.input_tokens_details.cached_tokens == 0
+    assert second.usage is not None
+    cached = second.usage.input_tokens_details.cached_tokens
+    assert cached > 0 and cached % 64 == 0 and cached < second.usage.input_tokens, second.usage
 
 
 # --- openai-agents sessions ------------------------------------------------------------------------

@@ -53,6 +53,9 @@ class FakeEngine:
     def cancel(self, response_id: str) -> None:
         self.cancelled.append(response_id)
 
+    def cached_tokens(self, request_id: str) -> int:
+        return 0
+
 
 class CountingPipeline(redis.client.Pipeline):
     """A pipeline that fails a test if it sends anything outside the pipelined batch."""

@@ -1,0 +1,92 @@
+"""Prefix caching on the fixture model (CPU): the engine reuses a shared prompt prefix, and what it
+reports reused is what it skipped; with ``RESQ_PREFIX_CACHING=false`` nothing is."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from gpu_worker.engine import Engine
+from gpu_worker.model_loading import LoadedModel, load_model
+from resq.settings import Settings
+from tests.fixture_model import ensure_fixture_model
+from tests.support.engine import chat_prompt_ids, greedy_job
+
+PAGE = 16
+
+
+@pytest.fixture(scope="module")
+def loaded() -> LoadedModel:
+    return load_model(Settings(model=str(ensure_fixture_model()), device="cpu"))
+
+
+def engine_with(loaded: LoadedModel, prefix_caching: bool) -> Engine:
+    settings = Settings(
+        model=str(ensure_fixture_model()),
+        device="cpu",
+        kv_cache_tokens=4096,
+        kv_page_size=PAGE,
+        prefix_caching=prefix_caching,
+    )
+    engine = Engine(loaded, settings)
+    engine.start()
+    return engine
+
+
+@pytest.fixture(scope="module")
+def caching(loaded: LoadedModel) -> Iterator[Engine]:
+    engine = engine_with(loaded, True)
+    try:
+        yield engine
+    finally:
+        engine.stop()
+
+
+def reused_by(engine: Engine, request_id: str, prompt_ids: list[int]) -> int:
+    """Generate 4 tokens of ``prompt_ids``; the prompt tokens the engine reported reused."""
+    assert engine.acquire_slot(5)
+    engine.add(greedy_job(request_id, prompt_ids, 4))
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            if any(
+                output.request_id == request_id and output.is_finished()
+                for output in engine.next_outputs(0.5)
+            ):
+                return engine.cached_tokens(request_id)
+        raise AssertionError(f"{request_id} did not finish")
+    finally:
+        engine.forget(request_id)
+        engine.release_slot()
+
+
+def test_a_shared_prefix_is_reused_in_whole_pages(caching: Engine, loaded: LoadedModel) -> None:
+    shared = "Session notes: " + " ".join(f"item{index}" for index in range(60))
+    first = chat_prompt_ids(loaded, shared + " First question?")
+    second = chat_prompt_ids(loaded, shared + " Second question?")
+    common = next(index for index, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
+    assert common >= 4 * PAGE
+    assert reused_by(caching, "resp_first", first) == 0
+    reused = reused_by(caching, "resp_second", second)
+    # Whole pages of the common prefix, never the whole prompt.
+    assert reused % PAGE == 0 and (common // PAGE - 1) * PAGE <= reused <= common < len(second)
+    # Forgotten with the request.
+    assert caching.cached_tokens("resp_second") == 0
+
+
+def test_an_unrelated_prompt_reuses_nothing(caching: Engine, loaded: LoadedModel) -> None:
+    assert (
+        reused_by(caching, "resp_unrelated", chat_prompt_ids(loaded, "Completely different words here.")) == 0
+    )
+
+
+def test_without_prefix_caching_nothing_is_reused(loaded: LoadedModel) -> None:
+    engine = engine_with(loaded, False)
+    try:
+        prompt = chat_prompt_ids(loaded, "Repeated: " + " ".join(f"word{index}" for index in range(60)))
+        assert reused_by(engine, "resp_once", prompt) == 0
+        assert reused_by(engine, "resp_twice", prompt) == 0
+    finally:
+        engine.stop()
