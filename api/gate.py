@@ -39,8 +39,8 @@ class Gate:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """ASGI entry point."""
-        if scope["type"] != "http" or not protected(scope["path"]):
+        """ASGI entry point (HTTP requests and WebSocket handshakes alike)."""
+        if scope["type"] not in ("http", "websocket") or not protected(scope["path"]):
             await self.app(scope, receive, send)
             return
         state: AppState = scope["app"].state.resq
@@ -51,7 +51,13 @@ class Gate:
             # Never the header itself: the key must not reach a log. The path is the client's,
             # decoded (`%0A` is a newline): escaped, it cannot start a forged log line.
             path = printable(scope["path"])
-            log.info("%s %s refused (%d): %s", scope["method"], path, error.status_code, error.code)
+            method = scope.get("method", "WEBSOCKET")
+            log.info("%s %s refused (%d): %s", method, path, error.status_code, error.code)
+            if scope["type"] == "websocket":
+                # Closed before it was accepted: the server refuses the upgrade (HTTP 403).
+                await receive()
+                await send({"type": "websocket.close", "code": 1008, "reason": error.code or ""})
+                return
             await json_response(error.body(), error.status_code, error.headers)(scope, receive, send)
             return
         scope[CALLER_SCOPE_KEY] = caller

@@ -35,7 +35,7 @@ async def _cancel_generation(state: AppState, response_id: str) -> None:
         log.info("client left %s before it ended; generation cancelled", response_id)
 
 
-async def _forget_unstored(state: AppState, response_id: str) -> None:
+async def forget_unstored(state: AppState, response_id: str) -> None:
     """Drop the keys of a ``store=false`` response once its client has it, or has left.
 
     Nobody can read it again either way. A generation still running keeps only its cancel
@@ -46,12 +46,12 @@ async def _forget_unstored(state: AppState, response_id: str) -> None:
         await state.store.delete_keys(response_id)
 
 
-async def _client_left(state: AppState, accepted: Accepted) -> None:
+async def client_left(state: AppState, accepted: Accepted) -> None:
     """The client of a foreground response left before its end: stop it, and drop it if unstored."""
     if accepted.store:
         await _cancel_generation(state, accepted.response_id)
     else:
-        await _forget_unstored(state, accepted.response_id)
+        await forget_unstored(state, accepted.response_id)
         log.info("client left %s before it ended; unstored, so dropped", accepted.response_id)
 
 
@@ -64,9 +64,9 @@ async def _stream_new_response(state: AppState, accepted: Accepted) -> AsyncIter
         finished = True
     finally:
         if not finished and not accepted.background:
-            await _client_left(state, accepted)
+            await client_left(state, accepted)
         elif finished and not accepted.store:
-            await _forget_unstored(state, accepted.response_id)
+            await forget_unstored(state, accepted.response_id)
 
 
 @router.post("/responses", response_model=None)
@@ -104,7 +104,7 @@ async def _final_json(state: AppState, accepted: Accepted, request: Request) -> 
             # Starlette reports a disconnect only when asked: poll.
             while not await request.is_disconnected():  # noqa: ASYNC110
                 await anyio.sleep(0.5)
-            await _client_left(state, accepted)
+            await client_left(state, accepted)
             group.cancel_scope.cancel()
 
         group.start_soon(wait)
@@ -116,7 +116,7 @@ async def _final_json(state: AppState, accepted: Accepted, request: Request) -> 
         raise response_not_found(response_id)
     metrics.record_delivered_json(result[0])
     if not accepted.store:
-        await _forget_unstored(state, response_id)
+        await forget_unstored(state, response_id)
     return result[0]
 
 

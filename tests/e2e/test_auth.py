@@ -19,6 +19,8 @@ import httpx
 import openai
 import pytest
 import redis
+import websockets.exceptions
+import websockets.sync.client
 from openai import OpenAI
 
 from api.auth import fingerprint
@@ -423,3 +425,17 @@ def test_no_key_reaches_the_logs(auth_stack: Stack) -> None:
     assert "API keys: 3 configured" in log and "RESQ_API_KEYS is empty" not in log
     for key in (KEY_A, KEY_B, KEY_C, "sk-not-a-key"):
         assert key not in log
+
+
+def test_a_websocket_handshake_needs_a_valid_key(auth_stack: Stack) -> None:
+    url = auth_stack.base_url.replace("http://", "ws://") + "/v1/responses"
+    for headers in ({}, {"Authorization": "Bearer sk-not-a-key"}):
+        with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
+            websockets.sync.client.connect(url, additional_headers=headers)
+        assert refused.value.response.status_code == 403
+    # With a valid key the socket serves the key's own responses, and no other key's.
+    owned = finished_background(sdk(auth_stack, KEY_A))
+    with sdk(auth_stack, KEY_B).responses.connect() as connection:
+        connection.response.create(model=MODEL, input="Continue.", previous_response_id=owned)
+        event = connection.recv()
+        assert event.type == "error" and event.error.code == "previous_response_not_found"

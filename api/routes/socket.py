@@ -1,0 +1,172 @@
+"""WebSocket mode: ``GET /v1/responses`` upgraded, one ``response.create`` message per response.
+
+What the SDK's ``client.responses.connect()`` speaks: the client sends
+``{"type": "response.create", ...create parameters}`` (``stream`` is implicit,
+``background`` is refused); the server answers with the same events as the SSE
+stream, each one WebSocket text message, the very bytes the event log holds. Messages
+are handled in order, one response in flight per socket: a ``response.create`` sent
+while one streams waits its turn (FIFO). A bad message gets an ``error`` event with
+the HTTP status and OpenAI error the same body gets over HTTP, and the socket stays
+usable. ``previous_response_id`` chains across messages as over HTTP.
+
+The same key, rate limit, admission, limits and validation as HTTP: the gate
+authenticates the handshake (a bad key: the upgrade is refused with 403), and each
+message runs :func:`api.submission.accept`. The disconnect rules of a foreground
+stream hold: a socket that closes while a response streams cancels its generation
+(an unstored one is dropped). Each response's events are in its event log, so a
+socket that drops can resume over HTTP (``GET /v1/responses/{id}?stream=true&starting_after=N``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from pydantic import ValidationError
+
+from api.caller import ANONYMOUS, Caller
+from api.errors import OpenAIError, invalid_value, validation_error_to_openai
+from api.gate import caller_of
+from api.relay import follow_event_batches
+from api.routes.responses import client_left, forget_unstored
+from api.schemas import CreateResponseRequest
+from api.state import AppState
+from api.submission import Accepted, accept
+from resq import jsonutil
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/v1")
+
+CREATE = "response.create"
+SOCKET_ONLY_FIELDS = ("type", "stream_id")
+"""Keys of a ``response.create`` message that are not create parameters."""
+CLOSED = object()
+"""What the reader queues when the client closed the socket."""
+
+
+def error_event(error: OpenAIError, stream_id: str | None = None) -> dict[str, Any]:
+    """The ``error`` server event for ``error`` (the socket stays open)."""
+    event: dict[str, Any] = {"type": "error", "status": error.status_code, **error.body()}
+    if stream_id is not None:
+        event["stream_id"] = stream_id
+    return event
+
+
+def create_request(message: Any) -> tuple[CreateResponseRequest, str | None]:
+    """The create request a client message carries, and its ``stream_id``; an OpenAIError otherwise."""
+    if not isinstance(message, dict):
+        raise invalid_value("A WebSocket message must be a JSON object.", None, "invalid_json")
+    if message.get("type") != CREATE:
+        raise invalid_value(
+            f"Unsupported message type {message.get('type')!r}: this server takes {CREATE!r}.", "type"
+        )
+    stream_id = message.get("stream_id")
+    if stream_id is not None and not isinstance(stream_id, str):
+        raise invalid_value("'stream_id' must be a string.", "stream_id")
+    if message.get("background"):
+        raise invalid_value("'background' is not supported over WebSocket; use HTTP.", "background")
+    if message.get("stream") is False:
+        raise invalid_value("Responses over WebSocket always stream: send no 'stream'.", "stream")
+    body = {key: value for key, value in message.items() if key not in SOCKET_ONLY_FIELDS}
+    body["stream"] = True
+    try:
+        return CreateResponseRequest.model_validate(body), stream_id
+    except ValidationError as exc:
+        raise validation_error_to_openai(exc.errors()) from None
+
+
+def with_stream_id(data: bytes, stream_id: str | None) -> str:
+    """An event's JSON as sent: as logged, with the request's ``stream_id`` when it gave one."""
+    if stream_id is None:
+        return data.decode()
+    return jsonutil.dumps({**jsonutil.loads(data), "stream_id": stream_id}).decode()
+
+
+class Socket:
+    """One client socket: a reader that queues messages, and responses streamed one at a time."""
+
+    def __init__(self, websocket: WebSocket, state: AppState, caller: Caller) -> None:
+        self._websocket = websocket
+        self._state = state
+        self._caller = caller
+        self._messages: asyncio.Queue[Any] = asyncio.Queue()
+        self._closed = asyncio.Event()
+
+    async def serve(self) -> None:
+        """Handle messages until the client closes the socket."""
+        reader = asyncio.create_task(self._read())
+        try:
+            while True:
+                message = await self._messages.get()
+                if message is CLOSED:
+                    return
+                await self._handle(message)
+        finally:
+            reader.cancel()
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                text = await self._websocket.receive_text()
+                try:
+                    await self._messages.put(jsonutil.loads(text))
+                except ValueError:
+                    await self._messages.put(None)  # answered with invalid_json, in its turn
+        except (WebSocketDisconnect, RuntimeError):
+            self._closed.set()
+            await self._messages.put(CLOSED)
+
+    async def _handle(self, message: Any) -> None:
+        stream_id = message.get("stream_id") if isinstance(message, dict) else None
+        try:
+            request, stream_id = create_request(message)
+            accepted = await accept(self._state, request, self._caller)
+        except OpenAIError as error:
+            await self._send(error_event(error, stream_id if isinstance(stream_id, str) else None))
+            return
+        await self._stream(accepted, stream_id)
+
+    async def _stream(self, accepted: Accepted, stream_id: str | None) -> None:
+        streaming = asyncio.create_task(self._relay(accepted, stream_id))
+        closed = asyncio.create_task(self._closed.wait())
+        try:
+            done, _ = await asyncio.wait({streaming, closed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closed.cancel()
+        if streaming in done and streaming.exception() is None:
+            if not accepted.store:
+                await forget_unstored(self._state, accepted.response_id)
+            return
+        streaming.cancel()
+        log.info("socket closed while %s streamed", accepted.response_id)
+        await client_left(self._state, accepted)
+
+    async def _relay(self, accepted: Accepted, stream_id: str | None) -> None:
+        async for batch in follow_event_batches(self._state.redis, accepted.response_id):
+            for _, data in batch:
+                await self._send_text(with_stream_id(data, stream_id))
+
+    async def _send(self, event: dict[str, Any]) -> None:
+        await self._send_text(jsonutil.dumps(event).decode())
+
+    async def _send_text(self, text: str) -> None:
+        try:
+            await self._websocket.send_text(text)
+        except (WebSocketDisconnect, RuntimeError):
+            self._closed.set()
+            raise
+
+
+@router.websocket("/responses")
+async def responses_socket(websocket: WebSocket) -> None:
+    """WebSocket mode of ``POST /v1/responses`` (``client.responses.connect()``)."""
+    state: AppState = websocket.app.state.resq
+    caller = caller_of(websocket.scope) or (ANONYMOUS if state.keyring.open else None)
+    if caller is None:  # the gate authenticates every /v1 handshake; fail closed all the same
+        await websocket.close(code=1008)
+        return
+    await websocket.accept()
+    await Socket(websocket, state, caller).serve()

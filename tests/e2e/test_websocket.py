@@ -1,0 +1,106 @@
+"""WebSocket mode (``client.responses.connect()``), with the official SDK: the same events as SSE,
+one response at a time, errors that leave the socket usable, chaining, the HTTP resume, and auth."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import websockets.sync.client
+from openai import OpenAI
+
+from tests.e2e.conftest import MODEL, Stack
+from tests.support.invariants import as_dict, check_stream, output_text
+
+pytestmark = pytest.mark.e2e
+
+TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
+
+
+def until_terminal(connection: Any) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    for event in connection:
+        events.append(as_dict(event))
+        if event.type in TERMINAL:
+            return events
+    raise AssertionError("the socket closed before a terminal event")
+
+
+def test_a_socket_streams_responses_like_sse_and_chains_them(stack: Stack) -> None:
+    client = stack.client()
+    with client.responses.connect() as connection:
+        connection.response.create(model=MODEL, input="Say hello.", temperature=0, max_output_tokens=16)
+        first_events = until_terminal(connection)
+        first = check_stream(first_events)
+        # The same response over HTTP, for comparison: the same text.
+        http = client.responses.create(model=MODEL, input="Say hello.", temperature=0, max_output_tokens=16)
+        assert output_text(first) == http.output_text
+
+        # A bad message: an error event naming the parameter; the socket stays usable.
+        connection.response.create(model=MODEL, input="Say hello.", temperature=7)
+        error = until_terminal(connection)[-1]
+        assert error["type"] == "error" and error["status"] == 400
+        assert (error["error"]["code"], error["error"]["param"]) == ("invalid_value", "temperature")
+
+        # Chained across messages by previous_response_id.
+        connection.response.create(
+            model=MODEL, input="Again.", previous_response_id=first["id"], temperature=0, max_output_tokens=8
+        )
+        second = check_stream(until_terminal(connection))
+        assert second["previous_response_id"] == first["id"]
+    # Every event is in the log: the HTTP resume replays the socket's response byte for byte.
+    replayed = [as_dict(event) for event in client.responses.retrieve(first["id"], stream=True)]
+    assert [(event["sequence_number"], event["type"]) for event in replayed] == [
+        (event["sequence_number"], event["type"]) for event in first_events
+    ]
+    assert check_stream(replayed)["output"] == first["output"]
+
+
+def test_messages_sent_at_once_are_answered_in_order(stack: Stack) -> None:
+    client = stack.client()
+    with client.responses.connect() as connection:
+        for budget in (12, 4):
+            connection.response.create(
+                model=MODEL, input="Say hello.", temperature=0, max_output_tokens=budget
+            )
+        finals = [check_stream(until_terminal(connection)) for _ in range(2)]
+    assert [final["max_output_tokens"] for final in finals] == [12, 4]
+
+
+def test_a_socket_closed_mid_stream_cancels_its_generation(stack: Stack) -> None:
+    client = stack.client()
+    with client.responses.connect() as connection:
+        connection.response.create(model=MODEL, input="Repeat forever.", temperature=0, max_output_tokens=900)
+        response_id = None
+        for event in connection:
+            if event.type == "response.created":
+                response_id = event.response.id
+            if event.type == "response.output_text.delta":
+                break
+    assert response_id is not None
+    final = wait_ended(client, response_id)
+    assert final.status == "cancelled"
+
+
+def wait_ended(client: OpenAI, response_id: str) -> Any:
+    deadline = time.monotonic() + 30
+    while True:
+        response = client.responses.retrieve(response_id)
+        if response.status not in ("queued", "in_progress"):
+            return response
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+def test_background_and_non_objects_are_refused_on_the_socket(stack: Stack) -> None:
+    url = stack.base_url.replace("http://", "ws://") + "/v1/responses"
+    with websockets.sync.client.connect(
+        url, additional_headers={"Authorization": "Bearer sk-test"}
+    ) as socket:
+        socket.send('{"type": "response.create", "model": "fixture", "input": "Hi", "background": true}')
+        assert '"param":"background"' in str(socket.recv(timeout=30))
+        socket.send("not json")
+        assert '"code":"invalid_json"' in str(socket.recv(timeout=30))
+        socket.send('{"type": "session.update"}')
+        assert '"param":"type"' in str(socket.recv(timeout=30))
