@@ -62,6 +62,13 @@ WORKERS_ALIVE = Gauge(
     "resq_workers_alive", "Workers whose heartbeat is fresh (read from Redis at scrape time).", ["role"]
 )
 REDIS_UP = Gauge("resq_redis_up", "1 when Redis answered the last scrape's queries, else 0.")
+AFFINITY_ROUTED = Counter(
+    "resq_affinity_routed",
+    "Jobs with a routing key (prompt_cache_key, conversation, previous_response_id), by outcome: "
+    "hit (sent to the GPU worker that served the prefix last), fallback (it was gone, full or "
+    "serving another model: the shared queue), none (no worker recorded for the key).",
+    ["outcome"],
+)
 
 _REQUEST_STARTED: ContextVar[float | None] = ContextVar("resq_request_started", default=None)
 

@@ -17,13 +17,14 @@ from celery import Celery
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
+from api import metrics as api_metrics
 from api.auth import KeyRing, parse_api_keys
 from api.conversations import ConversationStore
 from api.event_hub import EventHub
 from api.inline import InlinePostprocessor
 from api.rate_limit import RateLimiter
 from api.store import ResponseStore
-from resq import keys
+from resq import affinity, keys
 from resq.catalog import AsyncModelCatalog
 from resq.celery_app import make_celery
 from resq.heartbeat import new_worker_id
@@ -138,10 +139,21 @@ class AppState:
         await pipe.execute()
         return True
 
-    async def dispatch_generation(self, response_id: str, model: str) -> None:
-        """Send the generation message of a staged job to its model's queue without blocking the loop."""
+    async def dispatch_generation(self, response_id: str, model: str, lookup: tuple[str, ...] = ()) -> None:
+        """Send the generation message of a staged job without blocking the loop: to the GPU worker
+        that served its prefix last when ``lookup`` names one that can take it, else to its model's
+        shared queue (:mod:`resq.affinity`)."""
+        worker: str | None = None
+        if lookup:
+            reply = await self.redis.eval(
+                affinity.ROUTE_LUA, len(lookup), *lookup, affinity.WORKER_DETAILS_TEMPLATE, model
+            )
+            outcome, worker = affinity.parse_route(reply)
+            api_metrics.AFFINITY_ROUTED.labels(outcome).inc()
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self.publisher_pool, send_generation, self.celery, response_id, model)
+        await loop.run_in_executor(
+            self.publisher_pool, send_generation, self.celery, response_id, model, worker
+        )
 
     async def start_postprocessing(self, response_id: str) -> None:
         """Hand the response to a post-process worker, or to the inline post-processor."""

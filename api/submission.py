@@ -17,7 +17,7 @@ from api.prompting import PromptRequest, RequestItems, context_length_exceeded, 
 from api.relay import wait_for_terminal
 from api.schemas import CreateResponseRequest, CustomTool, FunctionTool, JsonSchemaFormat, NamespaceTool, Tool
 from api.state import AppState
-from resq import faults, ids, item_index, jsonutil, keys, turns
+from resq import affinity, faults, ids, item_index, jsonutil, keys, turns
 from resq.catalog import TextTokenizer
 from resq.conversation import since_last_compaction
 from resq.events import builders as build
@@ -329,9 +329,13 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
     turn_parent = request.previous_response_id if items.linked else None
     linked_turn = store and items.conversation_id is None and items.linked
 
+    routing = affinity.routing_keys(
+        model, response_id, request.prompt_cache_key, items.conversation_id, request.previous_response_id
+    )
     job = GenerationJob(
         response_id=response_id,
         model=model,
+        affinity_keys=list(routing.record),
         prompt_token_ids=prompt_ids,
         max_output_tokens=limit,
         temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
@@ -393,7 +397,7 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
     # Both messages at once: each publish is a blocking round trip (~1 ms) on a pool thread,
     # and the first token waits for the generate message.
     await asyncio.gather(
-        state.dispatch_generation(response_id, model), state.start_postprocessing(response_id)
+        state.dispatch_generation(response_id, model, routing.lookup), state.start_postprocessing(response_id)
     )
     log.info(
         "accepted: %d prompt tokens, at most %d new, stream=%s", len(prompt_ids), limit, bool(request.stream)

@@ -121,8 +121,9 @@ def run(settings: Settings) -> None:
         redis, settings, worker_id, send_generation=lambda rid, model: send_generation(app, rid, model)
     )
     reaper.start()
-    queue = keys.generate_queue(card.name)
-    log.info("GPU worker %s serving %r; consuming queue %r", worker_id, card.name, queue)
+    # The model's shared queue, and this worker's own (jobs routed here for its cached prefixes).
+    queue = f"{keys.generate_queue(card.name)},{keys.worker_generate_queue(card.name, worker_id)}"
+    log.info("GPU worker %s serving %r; consuming queues %s", worker_id, card.name, queue)
     try:
         app.worker_main(
             [

@@ -155,6 +155,11 @@ def generate_queue(model: str) -> str:
     return f"{GENERATE_QUEUE}:{model}"
 
 
+def worker_generate_queue(model: str, worker_id: str) -> str:
+    """The Celery queue of one GPU worker's own jobs of ``model`` (cache-aware routing)."""
+    return f"{generate_queue(model)}@{worker_id}"
+
+
 def celery_queue(queue: str) -> str:
     """List: messages waiting in a Celery queue (kombu's Redis transport names it after the queue)."""
     return queue

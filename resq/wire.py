@@ -48,6 +48,8 @@ class GenerationJob(BaseModel):
     """Publish each sampled token's log-probability with the tokens."""
     grammar: str | None = None
     """The llguidance grammar every generated token must follow (:mod:`resq.grammars`); None: free."""
+    affinity_keys: list[str] = Field(default_factory=list)
+    """The affinity keys the GPU worker that claims this job sets to itself (:mod:`resq.affinity`)."""
 
 
 @dataclass(frozen=True, slots=True)

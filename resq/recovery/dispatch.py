@@ -33,12 +33,14 @@ def generation_task_id(response_id: str) -> str:
     return f"{response_id}/{uuid.uuid4().hex[:12]}"
 
 
-def send_generation(celery: Celery, response_id: str, model: str) -> None:
-    """Send one ``resq.generate`` message for ``response_id`` to ``model``'s queue (blocking)."""
+def send_generation(celery: Celery, response_id: str, model: str, worker_id: str | None = None) -> None:
+    """Send one ``resq.generate`` message for ``response_id`` (blocking): to ``model``'s shared
+    queue, or to ``worker_id``'s own queue of it (cache-aware routing)."""
+    queue = keys.generate_queue(model) if worker_id is None else keys.worker_generate_queue(model, worker_id)
     celery.send_task(
         keys.GENERATE_TASK,
         kwargs={"response_id": response_id},
-        queue=keys.generate_queue(model),
+        queue=queue,
         task_id=generation_task_id(response_id),
     )
 
@@ -52,8 +54,17 @@ def _response_id_of(message: bytes | str) -> str | None:
 
 
 def generation_queues(redis: Redis) -> list[str]:
-    """The generation queues of every model with a card (served now or before)."""
-    return sorted(keys.generate_queue(name) for name in texts(redis.hkeys(keys.MODELS)))
+    """The generation queues of every model with a card (served now or before), shared and those
+    of the GPU workers that beat now (a dead worker's own queue is nobody's: its jobs count as lost)."""
+    models = texts(redis.hkeys(keys.MODELS))
+    workers = [
+        worker
+        for worker in texts(redis.zrange(keys.GPU_WORKERS, 0, -1))
+        if redis.exists(keys.worker_info("gpu", worker))
+    ]
+    shared = [keys.generate_queue(model) for model in models]
+    own = [keys.worker_generate_queue(model, worker) for model in models for worker in workers]
+    return sorted(shared + own)
 
 
 def queued_generations(redis: Redis) -> set[str]:
