@@ -24,10 +24,17 @@ from api.generation_plan import GenerationPlan
 from api.input_items import normalise_input
 from api.schemas import CreateResponseRequest
 from api.state import AppState
+from api.store import EarlierConversation
 from resq import sealed
 from resq.catalog import TextTokenizer
 from resq.chat_template import ChatTemplateError
-from resq.conversation import continue_conversation, input_to_items, items_to_messages, since_last_compaction
+from resq.conversation import (
+    continue_conversation,
+    input_to_items,
+    items_to_messages,
+    since_last_compaction,
+    unanswerable_output,
+)
 from resq.prompt_tokens import PromptTooLongError
 from resq.sealed import Sealer, SealError
 from resq.truncation import drop_oldest_turns, droppable_turns
@@ -110,10 +117,31 @@ def conflicting_history(request: CreateResponseRequest) -> OpenAIError | None:
     return None
 
 
+def check_outputs_answer_calls(items: RequestItems) -> RequestItems:
+    """``items``, or a 400 naming the first new tool output whose call the conversation lacks."""
+    first_own = len(items.conversation) - len(items.own)
+    orphan = unanswerable_output(items.conversation, first_own)
+    if orphan is not None:
+        call_id = items.conversation[orphan].get("call_id")
+        raise invalid_value(
+            f"No tool call found for function call output with call_id '{call_id}'.",
+            f"input[{orphan - first_own}].call_id",
+        )
+    return items
+
+
 async def gather_items(
-    state: AppState, request: CreateResponseRequest, caller: Caller, response_id: str
+    state: AppState,
+    request: CreateResponseRequest,
+    caller: Caller,
+    response_id: str,
+    local_history: dict[str, EarlierConversation] | None = None,
 ) -> RequestItems:
-    """The request's items and the history it continues (400/404 for what cannot be continued)."""
+    """The request's items and the history it continues (400/404 for what cannot be continued).
+
+    A ``previous_response_id`` found in ``local_history`` (a WebSocket's memory of its last
+    response) continues from there, stored or not.
+    """
     conflict = conflicting_history(request)
     if conflict is not None:
         raise conflict
@@ -127,16 +155,18 @@ async def gather_items(
     own = normalise_input(await resolve_input(state, new_items, caller), response_id)
     conversation_id = request.conversation_id
     if request.previous_response_id is not None:
-        earlier = await state.store.earlier_conversation(request.previous_response_id, caller)
+        earlier = (local_history or {}).get(request.previous_response_id) or (
+            await state.store.earlier_conversation(request.previous_response_id, caller)
+        )
         conversation = continue_conversation(earlier.conversation, earlier.output, own)
-        return RequestItems(own, conversation, linked=earlier.linked)
+        return check_outputs_answer_calls(RequestItems(own, conversation, linked=earlier.linked))
     if conversation_id is not None:
         # A client may have added sealed reasoning to the conversation: opened like input.
         history = await resolve_input(
             state, await state.conversations.prompt_items(conversation_id, caller), caller
         )
-        return RequestItems(own, [*history, *own], conversation_id)
-    return RequestItems(own, own)
+        return check_outputs_answer_calls(RequestItems(own, [*history, *own], conversation_id))
+    return check_outputs_answer_calls(RequestItems(own, own))
 
 
 def _opened_compactions(items: list[Item], sealer: Sealer, owner: str) -> list[Item]:

@@ -185,8 +185,12 @@ class ResponseStore:
         return stored
 
     async def earlier_conversation(self, response_id: str, caller: Caller) -> EarlierConversation:
-        """What a request with ``previous_response_id=response_id`` continues; 400 when unusable."""
-        check_response_id(response_id, "previous_response_id")
+        """What a request with ``previous_response_id=response_id`` continues; 400 when unusable.
+
+        A malformed id is ``previous_response_not_found`` too: no response can have it.
+        """
+        if not ids.is_response_id(response_id):
+            raise previous_response_not_found(response_id)
         stored = await self._read_visible(response_id, caller)
         if stored is None:
             raise previous_response_not_found(response_id)

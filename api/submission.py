@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from api import compaction
@@ -17,6 +17,7 @@ from api.prompting import PromptRequest, RequestItems, context_length_exceeded, 
 from api.relay import wait_for_terminal
 from api.schemas import CreateResponseRequest, CustomTool, FunctionTool, JsonSchemaFormat, NamespaceTool, Tool
 from api.state import AppState
+from api.store import EarlierConversation
 from resq import affinity, faults, ids, item_index, jsonutil, keys, turns
 from resq.catalog import TextTokenizer
 from resq.conversation import since_last_compaction
@@ -46,6 +47,8 @@ class Accepted:
     background: bool
     store: bool
     logged_events: list[EncodedEvent]
+    conversation: list[dict[str, Any]] = field(default_factory=list)
+    """Every item the model was given (before truncation): what a continuation extends."""
 
 
 def initial_response(
@@ -248,8 +251,17 @@ async def served_tokenizer(state: AppState, model: str) -> TextTokenizer:
     return tokenizer
 
 
-async def accept(state: AppState, request: CreateResponseRequest, caller: Caller) -> Accepted:
-    """Validate what pydantic cannot, record the response, log its first events, and enqueue it."""
+async def accept(
+    state: AppState,
+    request: CreateResponseRequest,
+    caller: Caller,
+    local_history: dict[str, EarlierConversation] | None = None,
+) -> Accepted:
+    """Validate what pydantic cannot, record the response, log its first events, and enqueue it.
+
+    ``local_history``: earlier responses a WebSocket keeps in memory (``store: false`` ones can be
+    continued there), by id.
+    """
     settings = state.settings
     background = bool(request.background)
     store = True if request.store is None else request.store
@@ -265,7 +277,7 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
     tokenizer = await served_tokenizer(state, request.model)
     response_id = ids.new_response_id()
     bind_response_id(response_id)
-    items = await gather_items(state, request, caller, response_id)
+    items = await gather_items(state, request, caller, response_id, local_history)
     plan = plan_generation(
         request,
         tokenizer.card,
@@ -402,4 +414,4 @@ async def accept(state: AppState, request: CreateResponseRequest, caller: Caller
     log.info(
         "accepted: %d prompt tokens, at most %d new, stream=%s", len(prompt_ids), limit, bool(request.stream)
     )
-    return Accepted(response_id, created, background, store, logged)
+    return Accepted(response_id, created, background, store, logged, items.conversation)

@@ -142,6 +142,30 @@ def continue_conversation(
     return [*previous_conversation, *previous_output, *new_items]
 
 
+_OUTPUT_OF = {"function_call_output": "function_call", "custom_tool_call_output": "custom_tool_call"}
+
+
+def unanswerable_output(items: list[Item], first: int = 0) -> int | None:
+    """The index (from ``first`` on) of the first tool output whose call is not before it, if any.
+
+    A compaction item stands for everything before it, calls included: an output after one is
+    not checked against what it replaced.
+    """
+    calls: set[str] = set()
+    compacted = False
+    for index, item in enumerate(items):
+        kind = item.get("type")
+        if kind == "compaction":
+            compacted = True
+        elif kind in _OUTPUT_OF.values():
+            calls.add(str(item.get("call_id")))
+        elif (
+            kind in _OUTPUT_OF and index >= first and not compacted and str(item.get("call_id")) not in calls
+        ):
+            return index
+    return None
+
+
 def since_last_compaction(items: list[Item]) -> list[Item]:
     """``items`` from the last ``compaction`` item on: the compaction stands for everything before it."""
     for index in range(len(items) - 1, -1, -1):

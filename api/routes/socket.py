@@ -7,7 +7,11 @@ stream, each one WebSocket text message, the very bytes the event log holds. Mes
 are handled in order, one response in flight per socket: a ``response.create`` sent
 while one streams waits its turn (FIFO). A bad message gets an ``error`` event with
 the HTTP status and OpenAI error the same body gets over HTTP, and the socket stays
-usable. ``previous_response_id`` chains across messages as over HTTP.
+usable. ``previous_response_id`` chains across messages as over HTTP; the socket also keeps its
+most recent response in memory, so a ``store: false`` one can be continued on the same socket
+(the Open Responses rule; on another socket, or over HTTP, it is ``previous_response_not_found``).
+A continuation that fails (an error event, or a response that ends ``failed``) evicts the
+response it named from that memory.
 
 The same key, rate limit, admission, limits and validation as HTTP: the gate
 authenticates the handshake (a bad key: the upgrade is refused with 403), and each
@@ -33,6 +37,7 @@ from api.relay import follow_event_batches
 from api.routes.responses import client_left, forget_unstored
 from api.schemas import CreateResponseRequest
 from api.state import AppState
+from api.store import EarlierConversation
 from api.submission import Accepted, accept
 from resq import jsonutil
 
@@ -94,6 +99,8 @@ class Socket:
         self._caller = caller
         self._messages: asyncio.Queue[Any] = asyncio.Queue()
         self._closed = asyncio.Event()
+        self._history: dict[str, EarlierConversation] = {}
+        """The socket's most recent response, by id, continued from memory (stored or not)."""
 
     async def serve(self) -> None:
         """Handle messages until the client closes the socket."""
@@ -121,15 +128,28 @@ class Socket:
 
     async def _handle(self, message: Any) -> None:
         stream_id = message.get("stream_id") if isinstance(message, dict) else None
+        previous = message.get("previous_response_id") if isinstance(message, dict) else None
         try:
             request, stream_id = create_request(message)
-            accepted = await accept(self._state, request, self._caller)
+            accepted = await accept(self._state, request, self._caller, self._history)
         except OpenAIError as error:
+            if isinstance(previous, str):
+                self._history.pop(previous, None)
             await self._send(error_event(error, stream_id if isinstance(stream_id, str) else None))
             return
-        await self._stream(accepted, stream_id)
+        final = await self._stream(accepted, stream_id)
+        if final is None or final.get("status") == "failed":
+            if isinstance(previous, str):
+                self._history.pop(previous, None)
+            return
+        self._history = {
+            accepted.response_id: EarlierConversation(
+                accepted.conversation, final.get("output", []), linked=False
+            )
+        }
 
-    async def _stream(self, accepted: Accepted, stream_id: str | None) -> None:
+    async def _stream(self, accepted: Accepted, stream_id: str | None) -> dict[str, Any] | None:
+        """Relay the response to its terminal event; its final Response (None: the client left)."""
         streaming = asyncio.create_task(self._relay(accepted, stream_id))
         closed = asyncio.create_task(self._closed.wait())
         try:
@@ -139,15 +159,22 @@ class Socket:
         if streaming in done and streaming.exception() is None:
             if not accepted.store:
                 await forget_unstored(self._state, accepted.response_id)
-            return
+            return streaming.result()
         streaming.cancel()
         log.info("socket closed while %s streamed", accepted.response_id)
         await client_left(self._state, accepted)
+        return None
 
-    async def _relay(self, accepted: Accepted, stream_id: str | None) -> None:
+    async def _relay(self, accepted: Accepted, stream_id: str | None) -> dict[str, Any] | None:
+        last: bytes | None = None
         async for batch in follow_event_batches(self._state.redis, accepted.response_id):
             for _, data in batch:
                 await self._send_text(with_stream_id(data, stream_id))
+                last = data
+        if last is None:
+            return None
+        final: dict[str, Any] | None = jsonutil.loads(last).get("response")
+        return final
 
     async def _send(self, event: dict[str, Any]) -> None:
         await self._send_text(jsonutil.dumps(event).decode())

@@ -257,6 +257,18 @@ CASES = [
         json=body(conversation="conv_" + "0" * 32, previous_response_id="resp_" + "0" * 32),
     ),
     Case(
+        "tool_output_without_its_call",
+        400,
+        "invalid_value",
+        "input[1].call_id",
+        json=body(
+            input=[
+                {"role": "user", "content": "hi"},
+                {"type": "function_call_output", "call_id": "call_nowhere", "output": "42"},
+            ]
+        ),
+    ),
+    Case(
         "context_management_unknown_type",
         400,
         "invalid_value",
@@ -336,7 +348,7 @@ CASES = [
     Case(
         "previous_id_malformed",
         400,
-        "invalid_value",
+        "previous_response_not_found",
         "previous_response_id",
         json=body(previous_response_id="resp_123"),
     ),

@@ -374,7 +374,10 @@ def test_an_unstored_request_may_continue_a_stored_one(stack: Stack, client: Ope
 
 
 def test_unusable_previous_response_ids_are_400(stack: Stack) -> None:
-    for previous, code in [(UNKNOWN_ID, "previous_response_not_found"), ("resp_nope", "invalid_value")]:
+    for previous, code in [
+        (UNKNOWN_ID, "previous_response_not_found"),
+        ("resp_nope", "previous_response_not_found"),
+    ]:
         body = {"model": MODEL, "input": "hi", "previous_response_id": previous}
         reply = httpx.post(f"{stack.base_url}/v1/responses", json=body, timeout=30)
         assert reply.status_code == 400, reply.text

@@ -104,3 +104,31 @@ def test_background_and_non_objects_are_refused_on_the_socket(stack: Stack) -> N
         assert '"code":"invalid_json"' in str(socket.recv(timeout=30))
         socket.send('{"type": "session.update"}')
         assert '"param":"type"' in str(socket.recv(timeout=30))
+
+
+def test_an_unstored_response_is_continued_on_its_socket_only(stack: Stack) -> None:
+    """The socket keeps its last response in memory (the Open Responses rule): a ``store: false``
+    response continues there; on another socket it is ``previous_response_not_found``."""
+    client = stack.client()
+    with client.responses.connect() as connection:
+        connection.response.create(
+            model=MODEL, input="Say hello.", store=False, temperature=0, max_output_tokens=8
+        )
+        first = check_stream(until_terminal(connection))
+        connection.response.create(
+            model=MODEL,
+            input="Again.",
+            store=False,
+            previous_response_id=first["id"],
+            temperature=0,
+            max_output_tokens=8,
+        )
+        second = check_stream(until_terminal(connection))
+        assert second["previous_response_id"] == first["id"]
+        # The continuation saw the first turn: its prompt is longer than the new input alone.
+        alone = client.responses.input_tokens.count(model=MODEL, input="Again.").input_tokens
+        assert second["usage"]["input_tokens"] > alone
+    with client.responses.connect() as other:
+        other.response.create(model=MODEL, input="Again.", store=False, previous_response_id=second["id"])
+        error = until_terminal(other)[-1]
+        assert error["type"] == "error" and error["error"]["code"] == "previous_response_not_found"

@@ -64,3 +64,15 @@ def test_a_compaction_item_is_pinned() -> None:
     compaction = {"type": "compaction", "encrypted_content": "rq1_x"}
     items = [compaction, user("a"), assistant("A"), user("b")]
     assert drop_oldest_turns(items, 2) == [compaction, user("b")]
+
+
+def test_a_tool_output_must_follow_its_call_unless_a_compaction_stands_for_it() -> None:
+    from resq.conversation import unanswerable_output
+
+    assert unanswerable_output([user("a"), call("1"), output("1")]) is None
+    assert unanswerable_output([user("a"), output("1"), call("1")]) == 1
+    assert unanswerable_output([user("a"), call("1"), output("2")]) == 2
+    # Only from `first` on (the history was checked when it was input).
+    assert unanswerable_output([output("0"), user("a")], first=1) is None
+    compaction = {"type": "compaction", "encrypted_content": "rq1_x"}
+    assert unanswerable_output([compaction, output("0")]) is None
