@@ -21,6 +21,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from pydantic import ValidationError
+
 from api.errors import OpenAIError
 from api.schemas import CompactRequest, CreateResponseRequest
 from resq import ids, jsonutil, sealed
@@ -65,7 +67,28 @@ def summary_of(
     max_output_tokens: int,
     previous_response_id: str | None = None,
 ) -> CreateResponseRequest:
-    """The unstored create request whose answer summarises ``items`` (after a previous response's)."""
+    """The unstored create request whose answer summarises ``items`` (after a previous response's).
+
+    The items were accepted as input before; one that no longer validates is the server's fault.
+    """
+    try:
+        return _summary_of(model, items, instructions, max_output_tokens, previous_response_id)
+    except ValidationError as exc:
+        raise OpenAIError(
+            500,
+            f"Compaction failed: the conversation could not be summarised ({exc.error_count()} item errors).",
+            type="server_error",
+            code="server_error",
+        ) from exc
+
+
+def _summary_of(
+    model: str,
+    items: list[Item],
+    instructions: str | None,
+    max_output_tokens: int,
+    previous_response_id: str | None,
+) -> CreateResponseRequest:
     return CreateResponseRequest.model_validate(
         {
             "model": model,
