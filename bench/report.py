@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from bench.results import ResultSet
-from bench.stats import median, ratio
+from bench.stats import median
 
 TARGET_MODEL = "bench"
 """Targets of B1 and B2 are judged on the model whose step costs what a GPU step costs."""
@@ -70,6 +70,22 @@ def fmt_ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
+def fmt_paired(
+    results: ResultSet,
+    scenario: str,
+    numerator: str,
+    denominator: str,
+    metric: str,
+    model: str = "",
+    concurrency: int | None = None,
+) -> str:
+    """A paired ratio as ``1.14, 1.17, 1.45 -> 1.17x``: each round's ratio, then their median."""
+    ratios = results.per_round_ratios(scenario, numerator, denominator, metric, model, concurrency)
+    if not ratios:
+        return "-"
+    return f"{', '.join(f'{value:.2f}' for value in ratios)} -> {median(ratios):.2f}x"
+
+
 def to_markdown(table: Table) -> str:
     """The table as GitHub markdown, with its title as a bold line above."""
     lines = [f"**{table.title}**", "", "| " + " | ".join(table.headers) + " |"]
@@ -109,8 +125,8 @@ def b1_table(results: ResultSet) -> Table:
                     fmt(resq),
                     fmt(direct),
                     fmt(serve),
-                    fmt_ratio(ratio(resq, direct)),
-                    fmt_ratio(ratio(resq, serve)),
+                    fmt_paired(results, "B1", "resq", "direct", "tok_s", model, clients),
+                    fmt_paired(results, "B1", "resq", "serve", "tok_s", model, clients),
                 ]
             )
     headers = [
@@ -119,10 +135,10 @@ def b1_table(results: ResultSet) -> Table:
         "resq tok/s",
         "direct tok/s",
         "serve tok/s",
-        "resq / direct",
-        "resq / serve",
+        "resq / direct (per round -> median)",
+        "resq / serve (per round -> median)",
     ]
-    return Table("B1 throughput (output tokens/s, median of rounds)", headers, rows)
+    return Table("B1 throughput (output tokens/s, median of rounds; ratios paired per round)", headers, rows)
 
 
 def ttft_ms(results: ResultSet, system: str, model: str, clients: int, q: float) -> float | None:
@@ -167,7 +183,6 @@ def b2_table(results: ResultSet) -> Table:
 
 def b3_table(results: ResultSet) -> Table:
     """B3: events/s of one and two post-process workers and of the builder alone."""
-    one = results.scalar("B3", "pp1", "events_s", "tiny")
     rows = []
     for system, label in (
         ("builder", "event builder alone (in-process loop)"),
@@ -175,10 +190,16 @@ def b3_table(results: ResultSet) -> Table:
         ("pp2", "2 post-process workers"),
     ):
         value = results.scalar("B3", system, "events_s", "tiny")
-        builder = results.scalar("B3", "builder", "events_s", "tiny")
-        rows.append([label, fmt(value), fmt_ratio(ratio(value, one)), fmt_ratio(ratio(value, builder))])
+        rows.append(
+            [
+                label,
+                fmt(value),
+                fmt_paired(results, "B3", system, "pp1", "events_s", "tiny"),
+                fmt_paired(results, "B3", system, "builder", "events_s", "tiny"),
+            ]
+        )
     return Table(
-        "B3 post-processing (events/s, median of rounds)",
+        "B3 post-processing (events/s, median of rounds; ratios paired per round)",
         ["system", "events/s", "vs 1 worker", "vs builder"],
         rows,
     )
@@ -190,7 +211,14 @@ def b4_table(results: ResultSet) -> Table:
     for clients in _concurrencies(results, "B4", "tiny"):
         resq = results.scalar("B4", "resq", "cpu_us_per_token", "tiny", clients)
         floor = results.scalar("B4", "floor", "cpu_us_per_token", "tiny", clients)
-        rows.append([f"{clients} clients", fmt(resq), fmt(floor), fmt_ratio(ratio(resq, floor))])
+        rows.append(
+            [
+                f"{clients} clients",
+                fmt(resq),
+                fmt(floor),
+                fmt_paired(results, "B4", "resq", "floor", "cpu_us_per_token", "tiny", clients),
+            ]
+        )
     for record in results.matching("B4cap", "resq", "tiny"):
         metrics = record.metrics
         rows.append(
@@ -210,11 +238,7 @@ def b4_table(results: ResultSet) -> Table:
 
 def b5_ratios(results: ResultSet, model: str) -> list[float]:
     """B5's structured / plain throughput of each round on ``model`` (both kinds ran back to back)."""
-    rates: dict[int, dict[str, float]] = {}
-    for record in results.records:
-        if record.scenario == "B5" and record.model == model:
-            rates.setdefault(record.round, {})[record.system] = record.metrics["tok_s"]
-    return [pair["structured"] / pair["plain"] for _, pair in sorted(rates.items()) if len(pair) == 2]
+    return results.per_round_ratios("B5", "structured", "plain", "tok_s", model)
 
 
 def b5_ratio(results: ResultSet, model: str) -> float | None:
@@ -255,14 +279,13 @@ def b5_table(results: ResultSet) -> Table:
 def targets(results: ResultSet) -> list[Target]:
     """Every target of the issue with its measurement."""
     model = TARGET_MODEL if TARGET_MODEL in _models(results, "B1") else "tiny"
-    resq32 = results.scalar("B1", "resq", "tok_s", model, 32)
     found = [
-        Target(f"B1 {model} 32 clients: resq / direct engine", ratio(resq32, results.scalar("B1", "direct", "tok_s", model, 32)), 0.8, "min", "x"),
-        Target(f"B1 {model} 32 clients: resq / transformers serve", ratio(resq32, results.scalar("B1", "serve", "tok_s", model, 32)), 1.5, "min", "x"),
+        Target(f"B1 {model} 32 clients: resq / direct engine (median of per-round ratios)", results.paired_ratio("B1", "resq", "direct", "tok_s", model, 32), 0.8, "min", "x"),
+        Target(f"B1 {model} 32 clients: resq / transformers serve (median of per-round ratios)", results.paired_ratio("B1", "resq", "serve", "tok_s", model, 32), 1.5, "min", "x"),
         Target(f"B2 {model} 1 client: TTFT overhead p50", _difference(ttft_ms(results, "resq", model, 1, 50), ttft_ms(results, "direct", model, 1, 50)), 5.0, "max", " ms"),
         Target(f"B2 {model} 1 client: TTFT overhead p99", _difference(ttft_ms(results, "resq", model, 1, 99), ttft_ms(results, "direct", model, 1, 99)), 20.0, "max", " ms"),
-        Target("B3: 2 workers / 1 worker", ratio(results.scalar("B3", "pp2", "events_s", "tiny"), results.scalar("B3", "pp1", "events_s", "tiny")), 1.7, "min", "x"),
-        Target("B3: 1 worker / builder alone", ratio(results.scalar("B3", "pp1", "events_s", "tiny"), results.scalar("B3", "builder", "events_s", "tiny")), 0.6, "min", "x"),
+        Target("B3: 2 workers / 1 worker (median of per-round ratios)", results.paired_ratio("B3", "pp2", "pp1", "events_s", "tiny"), 1.7, "min", "x"),
+        Target("B3: 1 worker / builder alone (median of per-round ratios)", results.paired_ratio("B3", "pp1", "builder", "events_s", "tiny"), 0.6, "min", "x"),
     ]  # fmt: skip
     for clients in _concurrencies(results, "B4", "tiny"):
         found.append(

@@ -64,6 +64,41 @@ class ResultSet:
         ]
         return median(values) if values else None
 
+    def per_round_ratios(
+        self,
+        scenario: str,
+        numerator: str,
+        denominator: str,
+        metric: str,
+        model: str = "",
+        concurrency: int | None = None,
+    ) -> list[float]:
+        """``numerator / denominator`` of ``metric`` in each round both ran (back to back), in round
+        order: the pairs a drift of the machine between rounds cannot skew."""
+        by_round: dict[int, dict[str, float]] = {}
+        for system in (numerator, denominator):
+            for record in self.matching(scenario, system, model, concurrency):
+                if metric in record.metrics:
+                    by_round.setdefault(record.round, {})[system] = record.metrics[metric]
+        return [
+            pair[numerator] / pair[denominator]
+            for _, pair in sorted(by_round.items())
+            if numerator in pair and denominator in pair and pair[denominator] != 0
+        ]
+
+    def paired_ratio(
+        self,
+        scenario: str,
+        numerator: str,
+        denominator: str,
+        metric: str,
+        model: str = "",
+        concurrency: int | None = None,
+    ) -> float | None:
+        """The median of :meth:`per_round_ratios` (None when no round ran both)."""
+        ratios = self.per_round_ratios(scenario, numerator, denominator, metric, model, concurrency)
+        return median(ratios) if ratios else None
+
     def pooled(
         self,
         scenario: str,

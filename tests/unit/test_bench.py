@@ -62,7 +62,25 @@ def test_results_take_medians_over_rounds_and_pool_samples() -> None:
     assert results.scalar("B1", "resq", "tok_s", "bench", 8) is None
     row = b1_table(results).rows[0]
     assert row[:5] == ["tiny", "8", "200.0", "250.0", "-"]
-    assert row[5] == "0.80x"
+    # Only round 0 ran both: the ratio is that round's (100 / 250), not the medians' (200 / 250).
+    assert row[5] == "0.40 -> 0.40x"
+
+
+def test_every_ratio_is_the_median_of_per_round_ratios() -> None:
+    """The issue's case: dividing medians of different rounds said 1.40x; paired, 1.17x."""
+    results = ResultSet()
+    for round_index, (resq, serve) in enumerate([(114.0, 100.0), (234.0, 200.0), (145.0, 100.0)]):
+        results.add(RunRecord("B1", "resq", "tiny", 32, round_index, {"tok_s": resq}))
+        results.add(RunRecord("B1", "serve", "tiny", 32, round_index, {"tok_s": serve}))
+    assert results.per_round_ratios("B1", "resq", "serve", "tok_s", "tiny", 32) == [1.14, 1.17, 1.45]
+    assert results.paired_ratio("B1", "resq", "serve", "tok_s", "tiny", 32) == 1.17
+    unpaired = results.scalar("B1", "resq", "tok_s", "tiny", 32) / results.scalar(
+        "B1", "serve", "tok_s", "tiny", 32
+    )
+    assert round(unpaired, 2) == 1.45  # what dividing medians says: another number
+    assert b1_table(results).rows[0][6] == "1.14, 1.17, 1.45 -> 1.17x"
+    target = next(found for found in targets(results) if "transformers serve" in found.name)
+    assert target.measured == 1.17
 
 
 def test_results_survive_a_save_and_load(tmp_path) -> None:
