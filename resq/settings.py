@@ -81,6 +81,14 @@ class Settings(BaseSettings):
             "compaction) has the served model write."
         ),
     )
+    websocket_max_s: float = Field(
+        3600.0,
+        gt=0,
+        description=(
+            "How long a WebSocket (`GET /v1/responses` upgraded) lives: then, between responses, it gets an "
+            "`error` `websocket_connection_limit_reached` and is closed (the Open Responses limit)."
+        ),
+    )
     prefix_caching: bool = Field(
         True,
         description=(

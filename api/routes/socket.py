@@ -13,6 +13,10 @@ most recent response in memory, so a ``store: false`` one can be continued on th
 A continuation that fails (an error event, or a response that ends ``failed``) evicts the
 response it named from that memory.
 
+A socket lives ``RESQ_WEBSOCKET_MAX_S`` (an hour, as the Open Responses spec says): then, once
+no response streams, the server sends an ``error`` whose code is
+``websocket_connection_limit_reached`` and closes it; the client opens a new one.
+
 The same key, rate limit, admission, limits and validation as HTTP: the gate
 authenticates the handshake (a bad key: the upgrade is refused with 403), and each
 message runs :func:`api.submission.accept`. The disconnect rules of a foreground
@@ -24,7 +28,9 @@ socket that drops can resume over HTTP (``GET /v1/responses/{id}?stream=true&sta
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from typing import Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
@@ -103,16 +109,36 @@ class Socket:
         """The socket's most recent response, by id, continued from memory (stored or not)."""
 
     async def serve(self) -> None:
-        """Handle messages until the client closes the socket."""
+        """Handle messages until the client closes the socket, or it reaches its time limit."""
         reader = asyncio.create_task(self._read())
+        deadline = time.monotonic() + self._state.settings.websocket_max_s
         try:
             while True:
-                message = await self._messages.get()
+                try:
+                    message = await asyncio.wait_for(
+                        self._messages.get(), max(0.0, deadline - time.monotonic())
+                    )
+                except TimeoutError:
+                    await self._close_at_limit()
+                    return
                 if message is CLOSED:
                     return
                 await self._handle(message)
+                if time.monotonic() >= deadline:
+                    await self._close_at_limit()
+                    return
         finally:
             reader.cancel()
+
+    async def _close_at_limit(self) -> None:
+        limit = OpenAIError(
+            400,
+            f"This WebSocket reached its limit of {self._state.settings.websocket_max_s:g} s; open a new one.",
+            code="websocket_connection_limit_reached",
+        )
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+            await self._send(error_event(limit))
+            await self._websocket.close(code=1000)
 
     async def _read(self) -> None:
         try:

@@ -4,14 +4,18 @@ one response at a time, errors that leave the socket usable, chaining, the HTTP 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import websockets.exceptions
 import websockets.sync.client
 from openai import OpenAI
 
-from tests.e2e.conftest import MODEL, Stack
+from tests.e2e.conftest import MODEL, Stack, start_stack
 from tests.support.invariants import as_dict, check_stream, output_text
+from tests.support.processes import RoleProcess
 
 pytestmark = pytest.mark.e2e
 
@@ -132,3 +136,28 @@ def test_an_unstored_response_is_continued_on_its_socket_only(stack: Stack) -> N
         other.response.create(model=MODEL, input="Again.", store=False, previous_response_id=second["id"])
         error = until_terminal(other)[-1]
         assert error["type"] == "error" and error["error"]["code"] == "previous_response_not_found"
+
+
+@pytest.fixture(scope="module")
+def short_lived(gpu_worker: RoleProcess, base_env: dict[str, str], log_dir: Path) -> Iterator[Stack]:
+    """An API whose sockets live 3 s."""
+    started = start_stack({**base_env, "RESQ_WEBSOCKET_MAX_S": "3"}, log_dir, 0, "ws-limit")
+    try:
+        yield started
+    finally:
+        started.group.stop_all()
+
+
+def test_a_socket_past_its_limit_gets_the_limit_error_after_its_response_then_closes(
+    short_lived: Stack,
+) -> None:
+    client = short_lived.client()
+    started = time.monotonic()
+    with client.responses.connect() as connection:
+        connection.response.create(model=MODEL, input="Say hello.", temperature=0, max_output_tokens=8)
+        check_stream(until_terminal(connection))
+        limit = connection.recv()  # nothing else was asked: it comes at the limit
+        assert limit.type == "error" and limit.error.code == "websocket_connection_limit_reached"
+        assert time.monotonic() - started >= 2.5
+        with pytest.raises(websockets.exceptions.ConnectionClosedOK):
+            connection.recv()  # closed normally (1000) right after
