@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from api.caller import Caller
 from api.errors import invalid_value
-from api.generation_plan import plan_generation
-from api.prompting import fit_prompt, gather_items
+from api.prompting import gather_items, plan_prompt
 from api.schemas import InputTokensRequest
 from api.state import AppState
-from api.submission import prompt_request, served_tokenizer
+from api.submission import served_tokenizer
 from resq import ids
 
 
@@ -33,25 +32,10 @@ async def default_model(state: AppState) -> str:
 
 async def count_input_tokens(state: AppState, request: InputTokensRequest, caller: Caller) -> int:
     """The number of prompt tokens the engine would see for ``request`` sent as a create."""
-    settings = state.settings
     model = request.model if request.model is not None else await default_model(state)
     creating = request.model_copy(update={"model": model})
     tokenizer = await served_tokenizer(state, model)
     # Input item ids are numbered from a response id; none is issued for a count.
     items = await gather_items(state, creating, caller, ids.new_response_id())
-    plan = plan_generation(
-        creating,
-        tokenizer.card,
-        settings.tool_parser,
-        settings.reasoning_parser,
-        refuse_hosted=settings.hosted_tools == "refuse",
-    )
-    forced_ids = tokenizer.encode(plan.forced_prefix) if plan.forced_prefix else []
-    default_output = min(settings.default_max_output_tokens, settings.max_output_tokens_cap)
-    fitted = await state.off_loop(
-        fit_prompt,
-        tokenizer,
-        state.sealer,
-        prompt_request(creating, items, plan, caller, default_output, forced_ids, counting=True),
-    )
-    return len(fitted.token_ids) + len(forced_ids)
+    prompt = plan_prompt(state.settings, creating, tokenizer)
+    return prompt.total(await prompt.fit(state, creating, items, caller, counting=True))

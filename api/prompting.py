@@ -20,7 +20,7 @@ from typing import Any
 
 from api.caller import Caller
 from api.errors import OpenAIError, invalid_value
-from api.generation_plan import GenerationPlan
+from api.generation_plan import GenerationPlan, plan_generation
 from api.input_items import normalise_input
 from api.schemas import CreateResponseRequest
 from api.state import AppState
@@ -37,6 +37,7 @@ from resq.conversation import (
 )
 from resq.prompt_tokens import PromptTooLongError
 from resq.sealed import Sealer, SealError
+from resq.settings import Settings
 from resq.truncation import drop_oldest_turns, droppable_turns
 
 log = logging.getLogger(__name__)
@@ -322,3 +323,64 @@ def fit_prompt(tokenizer: TextTokenizer, sealer: Sealer, request: PromptRequest)
             context_length,
         )
     return FittedPrompt(token_ids, turns, dropped)
+
+
+@dataclass(frozen=True)
+class PromptPlan:
+    """How one request's prompt is made for its model: the generation plan, the forced prefix
+    (server text, so its markup stays control tokens) and the default output budget."""
+
+    tokenizer: TextTokenizer
+    plan: GenerationPlan
+    forced_ids: list[int]
+    default_output: int
+
+    def prompt_request(
+        self, request: CreateResponseRequest, items: RequestItems, owner: str, counting: bool = False
+    ) -> PromptRequest:
+        """What :func:`fit_prompt` renders for ``request``'s items."""
+        return PromptRequest(
+            items=items.conversation,
+            instructions=request.instructions,
+            plan=self.plan,
+            owner=owner,
+            output_budget=request.max_output_tokens or self.default_output,
+            budget_is_explicit=request.max_output_tokens is not None,
+            reserved=len(self.forced_ids),
+            truncate=request.truncation == "auto",
+            counting=counting,
+        )
+
+    async def fit(
+        self,
+        state: AppState,
+        request: CreateResponseRequest,
+        items: RequestItems,
+        caller: Caller,
+        counting: bool = False,
+    ) -> FittedPrompt:
+        """:func:`fit_prompt` on the prompt threads: rendering and tokenizing take seconds for a few MB."""
+        return await state.off_loop(
+            fit_prompt,
+            self.tokenizer,
+            state.sealer,
+            self.prompt_request(request, items, caller.owner, counting),
+        )
+
+    def total(self, fitted: FittedPrompt) -> int:
+        """The tokens the engine is given: the rendered prompt and the forced prefix."""
+        return len(fitted.token_ids) + len(self.forced_ids)
+
+
+def plan_prompt(settings: Settings, request: CreateResponseRequest, tokenizer: TextTokenizer) -> PromptPlan:
+    """The :class:`PromptPlan` of ``request`` (400 for what its tools, choice or format cannot have)."""
+    plan = plan_generation(
+        request,
+        tokenizer.card,
+        settings.tool_parser,
+        settings.reasoning_parser,
+        refuse_hosted=settings.hosted_tools == "refuse",
+    )
+    forced_ids = tokenizer.encode(plan.forced_prefix) if plan.forced_prefix else []
+    default_output = min(settings.default_max_output_tokens, settings.max_output_tokens_cap)
+    return PromptPlan(tokenizer, plan, forced_ids, default_output)

@@ -12,8 +12,15 @@ from api import compaction
 from api.caller import Caller
 from api.constraints import request_grammar
 from api.errors import OpenAIError, invalid_value, rate_limited
-from api.generation_plan import GenerationPlan, plan_generation
-from api.prompting import PromptRequest, RequestItems, context_length_exceeded, fit_prompt, gather_items
+from api.generation_plan import GenerationPlan
+from api.prompting import (
+    FittedPrompt,
+    PromptPlan,
+    RequestItems,
+    context_length_exceeded,
+    gather_items,
+    plan_prompt,
+)
 from api.relay import wait_for_terminal
 from api.schemas import CreateResponseRequest, CustomTool, FunctionTool, JsonSchemaFormat, NamespaceTool, Tool
 from api.state import AppState
@@ -165,59 +172,31 @@ def generation_limit(
     return min(wanted, room)
 
 
-def prompt_request(
-    request: CreateResponseRequest,
-    items: RequestItems,
-    plan: GenerationPlan,
-    caller: Caller,
-    default_output: int,
-    forced_ids: list[int],
-    counting: bool = False,
-) -> PromptRequest:
-    """What :func:`api.prompting.fit_prompt` needs to render ``request``'s prompt."""
-    return PromptRequest(
-        items=items.conversation,
-        instructions=request.instructions,
-        plan=plan,
-        owner=caller.owner,
-        output_budget=request.max_output_tokens or default_output,
-        budget_is_explicit=request.max_output_tokens is not None,
-        reserved=len(forced_ids),
-        truncate=request.truncation == "auto",
-        counting=counting,
-    )
-
-
 async def _compacted_if_over(
-    state: AppState,
-    request: CreateResponseRequest,
-    items: RequestItems,
-    plan: GenerationPlan,
-    tokenizer: TextTokenizer,
-    caller: Caller,
-    default_output: int,
-    forced_ids: list[int],
-) -> tuple[RequestItems, list[dict[str, Any]]]:
+    state: AppState, request: CreateResponseRequest, items: RequestItems, prompt: PromptPlan, caller: Caller
+) -> tuple[RequestItems, list[dict[str, Any]], FittedPrompt | None]:
     """``context_management`` compaction: past the threshold, the conversation is summarised first.
 
     The summary is a generation of its own through the queue (:mod:`api.compaction`), waited for
     here, before this response is recorded. Its compaction item stands for the whole conversation
     so far, input included; the model then sees it and the last turn again, and the Response shows
-    it as its first output item (so a conversation, or a continuation, goes on from it).
+    it as its first output item (so a conversation, or a continuation, goes on from it). Below the
+    threshold, the prompt counted is returned when it is the one the create renders (so it is not
+    rendered twice).
     """
-    counted = await state.off_loop(
-        fit_prompt,
-        tokenizer,
-        state.sealer,
-        prompt_request(request, items, plan, caller, default_output, forced_ids, counting=True),
+    counted = await prompt.fit(state, request, items, caller, counting=True)
+    total = prompt.total(counted)
+    context_length = prompt.tokenizer.card.context_length
+    threshold = request.compact_threshold or context_length - (
+        request.max_output_tokens or prompt.default_output
     )
-    context_length = tokenizer.card.context_length
-    threshold = request.compact_threshold or context_length - (request.max_output_tokens or default_output)
-    if len(counted.token_ids) + len(forced_ids) <= threshold:
-        return items, []
+    if total <= threshold:
+        # Counting renders past the context (a create would refuse): the same prompt when it fits.
+        reusable = request.truncation == "auto" or total < context_length
+        return items, [], counted if reusable else None
     history = since_last_compaction(items.conversation)
     budget = compaction.summary_budget(len(counted.token_ids), state.settings.compaction_max_output_tokens)
-    summarising = compaction.summary_of(tokenizer.card.name, history, request.instructions, budget)
+    summarising = compaction.summary_of(prompt.tokenizer.card.name, history, request.instructions, budget)
     summary = await accept(state, summarising, caller)
     final_json = await wait_for_terminal(state.redis, summary.response_id)
     await state.store.delete_keys(summary.response_id)
@@ -230,12 +209,12 @@ async def _compacted_if_over(
     last_turn = turn_starts(items.conversation)[-1]
     log.info(
         "context_management: %d prompt tokens passed %d; compacted %d items with %s",
-        len(counted.token_ids) + len(forced_ids),
+        total,
         threshold,
         len(history),
         summary.response_id,
     )
-    return replace(items, conversation=[item, *items.conversation[last_turn:]]), [item]
+    return replace(items, conversation=[item, *items.conversation[last_turn:]]), [item], None
 
 
 async def served_tokenizer(state: AppState, model: str) -> TextTokenizer:
@@ -278,34 +257,19 @@ async def accept(
     response_id = ids.new_response_id()
     bind_response_id(response_id)
     items = await gather_items(state, request, caller, response_id, local_history)
-    plan = plan_generation(
-        request,
-        tokenizer.card,
-        settings.tool_parser,
-        settings.reasoning_parser,
-        refuse_hosted=settings.hosted_tools == "refuse",
-    )
+    prompt = plan_prompt(settings, request, tokenizer)
+    plan, forced_ids = prompt.plan, prompt.forced_ids
     # Compiling a grammar can take a while for a large schema: never on the event loop.
     grammar = await asyncio.to_thread(request_grammar, request, plan, tokenizer)
-    # The forced prefix is server text: its markup must stay control tokens.
-    forced_ids = tokenizer.encode(plan.forced_prefix) if plan.forced_prefix else []
-    context_length = tokenizer.card.context_length
-    default_output = min(settings.default_max_output_tokens, cap)
     leading_output: list[dict[str, Any]] = []
+    fitted: FittedPrompt | None = None
     if request.context_management:
-        items, leading_output = await _compacted_if_over(
-            state, request, items, plan, tokenizer, caller, default_output, forced_ids
-        )
-    # Rendering and tokenizing take seconds for a few MB: never on the event loop, and never
-    # on more text than the context can hold (render_prompt refuses that before tokenizing).
-    fitted = await state.off_loop(
-        fit_prompt,
-        tokenizer,
-        state.sealer,
-        prompt_request(request, items, plan, caller, default_output, forced_ids),
-    )
+        items, leading_output, fitted = await _compacted_if_over(state, request, items, prompt, caller)
+    # Never on more text than the context can hold: render_prompt refuses that before tokenizing.
+    if fitted is None:
+        fitted = await prompt.fit(state, request, items, caller)
     prompt_ids = fitted.token_ids + forced_ids
-    limit = generation_limit(request, len(prompt_ids), context_length, default_output)
+    limit = generation_limit(request, len(prompt_ids), tokenizer.card.context_length, prompt.default_output)
 
     model = tokenizer.card.name
     created = initial_response(request, response_id, model, background, store)

@@ -70,17 +70,8 @@ def fmt_ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
-def fmt_paired(
-    results: ResultSet,
-    scenario: str,
-    numerator: str,
-    denominator: str,
-    metric: str,
-    model: str = "",
-    concurrency: int | None = None,
-) -> str:
-    """A paired ratio as ``1.14, 1.17, 1.45 -> 1.17x``: each round's ratio, then their median."""
-    ratios = results.per_round_ratios(scenario, numerator, denominator, metric, model, concurrency)
+def fmt_paired(ratios: Sequence[float]) -> str:
+    """Per-round ratios as ``1.14, 1.17, 1.45 -> 1.17x``: each round's, then their median."""
     if not ratios:
         return "-"
     return f"{', '.join(f'{value:.2f}' for value in ratios)} -> {median(ratios):.2f}x"
@@ -125,8 +116,8 @@ def b1_table(results: ResultSet) -> Table:
                     fmt(resq),
                     fmt(direct),
                     fmt(serve),
-                    fmt_paired(results, "B1", "resq", "direct", "tok_s", model, clients),
-                    fmt_paired(results, "B1", "resq", "serve", "tok_s", model, clients),
+                    fmt_paired(results.per_round_ratios("B1", "resq", "direct", "tok_s", model, clients)),
+                    fmt_paired(results.per_round_ratios("B1", "resq", "serve", "tok_s", model, clients)),
                 ]
             )
     headers = [
@@ -194,8 +185,8 @@ def b3_table(results: ResultSet) -> Table:
             [
                 label,
                 fmt(value),
-                fmt_paired(results, "B3", system, "pp1", "events_s", "tiny"),
-                fmt_paired(results, "B3", system, "builder", "events_s", "tiny"),
+                fmt_paired(results.per_round_ratios("B3", system, "pp1", "events_s", "tiny")),
+                fmt_paired(results.per_round_ratios("B3", system, "builder", "events_s", "tiny")),
             ]
         )
     return Table(
@@ -216,7 +207,9 @@ def b4_table(results: ResultSet) -> Table:
                 f"{clients} clients",
                 fmt(resq),
                 fmt(floor),
-                fmt_paired(results, "B4", "resq", "floor", "cpu_us_per_token", "tiny", clients),
+                fmt_paired(
+                    results.per_round_ratios("B4", "resq", "floor", "cpu_us_per_token", "tiny", clients)
+                ),
             ]
         )
     for record in results.matching("B4cap", "resq", "tiny"):

@@ -302,10 +302,10 @@ class _Run:
         if status == "missing":
             return status
         faults.reached("postprocess.after_final_record")
-        self._index_output(stored)
-        if status in APPENDED_STATUSES and self._conversation is not None:
-            self._append_to_conversation(stored)
-            faults.reached("postprocess.after_conversation_append")
+        output: list[dict[str, Any]] = jsonutil.loads(stored).get("output", [])
+        self._index_output(output)
+        if status in APPENDED_STATUSES:
+            self._append_to_conversation(output)
         self._writer.append([processor.terminal_event(status, stored)])
         redis.delete(keys.tokens(response_id))
         return status
@@ -345,17 +345,18 @@ class _Run:
             return "done"
         if status in ("failed", "cancelled"):
             ended = failed.response_json if status == "failed" else cancelled.response_json
-            self._index_output(ended)
-            output = jsonutil.dumps(jsonutil.loads(ended).get("output", []))
+            output = jsonutil.loads(ended).get("output", [])
+            self._index_output(output)
+            output_json = jsonutil.dumps(output)
             retrying(
-                lambda: self._redis.eval(turns.SET_OUTPUT_LUA, 1, keys.turn(self._response_id), output),
+                lambda: self._redis.eval(turns.SET_OUTPUT_LUA, 1, keys.turn(self._response_id), output_json),
                 f"the turn of {self._response_id}",
                 WRITE_BACKOFF,
             )
             self._redis.delete(keys.tokens(self._response_id))
         return status
 
-    def _append_to_conversation(self, stored: bytes) -> None:
+    def _append_to_conversation(self, output: list[dict[str, Any]]) -> None:
         """Append the response's input and output items to its conversation, exactly once.
 
         After the final record and before the terminal event: a client that sees the end can
@@ -369,7 +370,6 @@ class _Run:
         response_id = self._response_id
         raw_input = self._redis.get(keys.input_items(response_id))
         own: list[dict[str, Any]] = jsonutil.loads(raw_input)["items"] if raw_input else []
-        output: list[dict[str, Any]] = jsonutil.loads(stored).get("output", [])
         arguments = conversations.append_arguments(ttl_s, response_id, [*own, *output])
 
         def write() -> str:
@@ -381,12 +381,12 @@ class _Run:
         outcome = retrying(write, f"the conversation items of {response_id}", WRITE_BACKOFF)
         if outcome == "missing":
             log.info("conversation %s is gone; %s appends nothing to it", conversation_id, response_id)
+        faults.reached("postprocess.after_conversation_append")
 
-    def _index_output(self, stored: bytes) -> None:
+    def _index_output(self, output: list[dict[str, Any]]) -> None:
         if self._index_owner is None:
             return
         owner = self._index_owner
-        output = jsonutil.loads(stored).get("output", [])
 
         def write() -> None:
             pipe = self._redis.pipeline(transaction=False)

@@ -57,11 +57,10 @@ def generation_queues(redis: Redis) -> list[str]:
     """The generation queues of every model with a card (served now or before), shared and those
     of the GPU workers that beat now (a dead worker's own queue is nobody's: its jobs count as lost)."""
     models = texts(redis.hkeys(keys.MODELS))
-    workers = [
-        worker
-        for worker in texts(redis.zrange(keys.GPU_WORKERS, 0, -1))
-        if redis.exists(keys.worker_info("gpu", worker))
-    ]
+    beating = texts(redis.zrange(keys.GPU_WORKERS, 0, -1))
+    # A worker's details key expires with its heartbeat: one read says which are alive.
+    details = redis.mget([keys.worker_info("gpu", worker) for worker in beating]) if beating else []
+    workers = [worker for worker, found in zip(beating, details, strict=True) if found is not None]
     shared = [keys.generate_queue(model) for model in models]
     own = [keys.worker_generate_queue(model, worker) for model in models for worker in workers]
     return sorted(shared + own)

@@ -274,15 +274,31 @@ def test_another_key_cannot_reach_a_conversation(auth_stack: Stack, redis_client
     owned = alice.conversations.create(items=[first_item], metadata={"who": "alice"})
     not_found = f"Conversation with id '{owned.id}' not found."
 
-    for name, call in every_conversation_call(bob, owned.id):
-        if name == "conversations.create":
-            continue
+    # Every conversation route, and generating in it or counting it.
+    calls = [
+        (name, call, "conversation_id")
+        for name, call in every_conversation_call(bob, owned.id)
+        if name != "conversations.create"
+    ]
+    calls += [
+        (
+            "responses.create",
+            lambda: bob.responses.create(model=MODEL, conversation=owned.id, input="Hi"),
+            "conversation",
+        ),
+        (
+            "responses.input_tokens.count",
+            lambda: bob.responses.input_tokens.count(model=MODEL, conversation=owned.id, input="Hi"),
+            "conversation",
+        ),
+    ]
+    for name, call, param in calls:
         with pytest.raises(openai.NotFoundError) as caught:
             call()
         assert caught.value.body == {
             "message": not_found,
             "type": "invalid_request_error",
-            "param": "conversation_id",
+            "param": param,
             "code": None,
         }, name
     # On the wire, the same 404 as for an id that never existed, whatever the query.
@@ -298,20 +314,6 @@ def test_another_key_cannot_reach_a_conversation(auth_stack: Stack, redis_client
                 timeout=30,
             )
             assert reply.status_code == 404 and error_of(reply)["message"] == message, (path, reply.text)
-
-    # Nor can Bob generate in it, count it, or compact it.
-    for call in (
-        lambda: bob.responses.create(model=MODEL, conversation=owned.id, input="Hi"),
-        lambda: bob.responses.input_tokens.count(model=MODEL, conversation=owned.id, input="Hi"),
-    ):
-        with pytest.raises(openai.NotFoundError) as caught:
-            call()
-        assert caught.value.body == {
-            "message": not_found,
-            "type": "invalid_request_error",
-            "param": "conversation",
-            "code": None,
-        }
 
     # Bob's conversations are Bob's, and Alice cannot reach them either.
     own = bob.conversations.create(items=[{"role": "user", "content": "I am Bob."}])

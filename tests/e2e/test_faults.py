@@ -42,6 +42,7 @@ from tests.support.processes import (
     wait_until,
 )
 from tests.support.redis_server import PrivateRedis
+from tests.support.responses import wait_ended
 
 pytestmark = pytest.mark.e2e
 
@@ -687,7 +688,7 @@ def test_a_gpu_worker_ended_right_after_claiming_or_publishing(
     started = client.responses.create(model=MODEL, background=True, **LONG)
     wait_for_fault(stack.gpu_workers[0], point)
     stack.start_gpu_worker()
-    final = wait_final(client, started.id)
+    final = wait_ended(client, started.id)
     assert comparable(final.model_dump(mode="json")) == references(**LONG), stack.logs()
     assert generation_field(r, started.id, "losses") == "1"
     events = logged_events(r, started.id)
@@ -709,17 +710,7 @@ def test_an_api_ended_after_recording_before_sending_its_messages(
     assert len(listed) == 1, listed
     response_id = listed[0]
     other = stack.client(1)
-    final = wait_final(other, response_id)
+    final = wait_ended(other, response_id)
     assert comparable(final.model_dump(mode="json")) == references(**LONG), stack.logs()
     events = [as_dict(event) for event in other.responses.retrieve(response_id, stream=True)]
     check_stream(events)
-
-
-def wait_final(client: OpenAI, response_id: str) -> Response:
-    deadline = time.monotonic() + 120
-    while True:
-        response = client.responses.retrieve(response_id)
-        if response.status not in ("queued", "in_progress"):
-            return response
-        assert time.monotonic() < deadline, f"{response_id} did not end"
-        time.sleep(0.2)

@@ -18,6 +18,7 @@ from openai import AsyncOpenAI, OpenAI
 
 from tests.e2e.conftest import MODEL, Stack
 from tests.support.invariants import as_dict, check_stream
+from tests.support.responses import wait_ended
 
 pytestmark = pytest.mark.e2e
 
@@ -99,7 +100,7 @@ def test_two_responses_at_once_append_whole_in_completion_order(stack: Stack) ->
         )
         for prompt, budget in (("Tell me a long story.", 64), ("Say hello.", 8))
     ]
-    finished = [wait_done(client, response.id) for response in started]
+    finished = [wait_ended(client, response.id) for response in started]
     listed = [item.id for item in client.conversations.items.list(conversation.id, order="asc", limit=100)]
     blocks = {
         response.id: [input_id(client, response.id), *[item.id for item in response.output]]
@@ -113,15 +114,6 @@ def test_two_responses_at_once_append_whole_in_completion_order(stack: Stack) ->
     by_completion = sorted(finished, key=lambda response: response.completed_at or 0)
     if (by_completion[0].completed_at or 0) < (by_completion[1].completed_at or 0):
         assert [response_id for _, response_id in starts] == [response.id for response in by_completion]
-
-
-def wait_done(client: OpenAI, response_id: str) -> Any:
-    for _ in range(600):
-        response = client.responses.retrieve(response_id)
-        if response.status not in ("queued", "in_progress"):
-            return response
-        asyncio.run(asyncio.sleep(0.1))
-    raise AssertionError(f"{response_id} did not finish")
 
 
 def input_id(client: OpenAI, response_id: str) -> str:
@@ -140,7 +132,7 @@ def test_a_response_in_a_deleted_conversation_still_completes(stack: Stack) -> N
         max_output_tokens=48,
     )
     client.conversations.delete(conversation.id)
-    assert wait_done(client, started.id).status in ("completed", "incomplete")
+    assert wait_ended(client, started.id).status in ("completed", "incomplete")
     with pytest.raises(openai.NotFoundError):
         client.conversations.items.list(conversation.id)
 

@@ -3,6 +3,7 @@ one response at a time, errors that leave the socket usable, chaining, the HTTP 
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,11 +12,11 @@ from typing import Any
 import pytest
 import websockets.exceptions
 import websockets.sync.client
-from openai import OpenAI
 
 from tests.e2e.conftest import MODEL, Stack, start_stack
 from tests.support.invariants import as_dict, check_stream, output_text
 from tests.support.processes import RoleProcess
+from tests.support.responses import wait_ended
 
 pytestmark = pytest.mark.e2e
 
@@ -87,16 +88,6 @@ def test_a_socket_closed_mid_stream_cancels_its_generation(stack: Stack) -> None
     assert final.status == "cancelled"
 
 
-def wait_ended(client: OpenAI, response_id: str) -> Any:
-    deadline = time.monotonic() + 30
-    while True:
-        response = client.responses.retrieve(response_id)
-        if response.status not in ("queued", "in_progress"):
-            return response
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-
-
 def test_background_and_non_objects_are_refused_on_the_socket(stack: Stack) -> None:
     url = stack.base_url.replace("http://", "ws://") + "/v1/responses"
     with websockets.sync.client.connect(
@@ -161,3 +152,17 @@ def test_a_socket_past_its_limit_gets_the_limit_error_after_its_response_then_cl
         assert time.monotonic() - started >= 2.5
         with pytest.raises(websockets.exceptions.ConnectionClosedOK):
             connection.recv()  # closed normally (1000) right after
+
+
+def test_a_stream_id_is_echoed_on_every_event_of_its_response(stack: Stack) -> None:
+    url = stack.base_url.replace("http://", "ws://") + "/v1/responses"
+    request = {"type": "response.create", "model": MODEL, "input": "Say hello.", "max_output_tokens": 8}
+    with websockets.sync.client.connect(
+        url, additional_headers={"Authorization": "Bearer sk-test"}
+    ) as socket:
+        socket.send(json.dumps({**request, "stream_id": "lane-1"}))
+        events = []
+        while not events or events[-1]["type"] not in TERMINAL:
+            events.append(json.loads(socket.recv(timeout=60)))
+    assert {event.get("stream_id") for event in events} == {"lane-1"}
+    check_stream([{key: value for key, value in event.items() if key != "stream_id"} for event in events])

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 from tests.support.redis_server import PrivateRedis
 
@@ -19,3 +20,12 @@ def private_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateR
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def r(private_redis: PrivateRedis) -> Iterator[redis.Redis]:
+    """A client of the module's private Redis, flushed for each test (a module may define its own)."""
+    client = private_redis.client()
+    client.flushdb()
+    yield client
+    client.close()

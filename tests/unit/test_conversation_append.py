@@ -3,8 +3,6 @@ post-processor finishes it and wherever the one before died (real Redis, the rea
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import redis
 
@@ -13,7 +11,6 @@ from resq.catalog import TextTokenizer
 from resq.options import ProcessingOptions
 from resq.postprocess import runner
 from resq.wire import FinishEntry, StartEntry, TokensEntry
-from tests.support.redis_server import PrivateRedis
 from tests.unit.test_event_log import (
     RESPONSE_ID,
     TEXT,
@@ -29,14 +26,6 @@ from tests.unit.test_event_log import tokenizer as tokenizer
 CONVERSATION_ID = "conv_" + "c" * 32
 SEEDED = {"id": "msg_seed", "type": "message", "role": "user", "content": [], "status": "completed"}
 INPUT = {"id": "in_1", "type": "message", "role": "user", "content": [], "status": "completed"}
-
-
-@pytest.fixture
-def r(private_redis: PrivateRedis) -> Iterator[redis.Redis]:
-    client = private_redis.client()
-    client.flushdb()
-    yield client
-    client.close()
 
 
 def begin(r: redis.Redis, tokenizer: TextTokenizer) -> None:
@@ -105,7 +94,7 @@ def test_a_takeover_after_a_death_at_the_append_appends_once(
 ) -> None:
     begin(r, tokenizer)
 
-    def die(self: object, stored: bytes) -> None:
+    def die(self: object, output: object) -> None:
         raise SystemExit("killed while appending")
 
     with monkeypatch.context() as patched:

@@ -3,7 +3,7 @@ Redis of the module's own) and the ownership checks of api.conversations.Convers
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -28,14 +28,6 @@ ITEM = TypeAdapter(ConversationItem)
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture
-def r(private_redis: PrivateRedis) -> Iterator[redis.Redis]:
-    client = private_redis.client()
-    client.flushdb()
-    yield client
-    client.close()
 
 
 @pytest.fixture

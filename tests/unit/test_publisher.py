@@ -192,15 +192,21 @@ def test_a_resumed_request_does_not_repeat_its_start_entry(r: redis.Redis) -> No
     assert stream(r, job.response_id) == [StartEntry(3), TokensEntry([11]), TokensEntry([12], start=1)]
 
 
-def test_a_worker_that_claims_its_own_job_again_drops_the_old_copys_output(r: redis.Redis) -> None:
-    """The zombie: this worker froze past its TTL, its claim was released, and on waking it claimed
-    the job again while the old copy was still in its engine. Only the new claim's tokens go out."""
+def admitted(r: redis.Redis) -> tuple[FakeEngine, Generations, TokenPublisher, GenerationJob, Fence, str]:
+    """A staged job claimed and admitted under its claim's engine request id: what the test needs."""
     engine = FakeEngine()
     gens, publisher = new_publisher(r, engine)
     job = staged_job(r)
-    old_fence, old_plan = claim_and_plan(gens, job)
-    old_id = engine_request_id(job.response_id, old_fence.epoch)
-    publisher.start_request(job.response_id, old_fence, old_plan, request_id=old_id)
+    fence, plan = claim_and_plan(gens, job)
+    request_id = engine_request_id(job.response_id, fence.epoch)
+    publisher.start_request(job.response_id, fence, plan, request_id=request_id)
+    return engine, gens, publisher, job, fence, request_id
+
+
+def test_a_worker_that_claims_its_own_job_again_drops_the_old_copys_output(r: redis.Redis) -> None:
+    """The zombie: this worker froze past its TTL, its claim was released, and on waking it claimed
+    the job again while the old copy was still in its engine. Only the new claim's tokens go out."""
+    engine, gens, publisher, job, old_fence, old_id = admitted(r)
     engine.outputs.append(GenerationOutput(old_id, generated_tokens=[11, 12], status=RequestStatus.DECODING))
     publisher.step(0)
 
@@ -236,12 +242,7 @@ def test_a_worker_that_claims_its_own_job_again_drops_the_old_copys_output(r: re
 def test_a_claim_released_while_its_copy_is_silent_is_stopped_at_the_next_step(r: redis.Redis) -> None:
     """The watchdog released the job (no progress) while this worker's copy appended nothing: the
     publisher sees the claim is gone in its usual round trip and stops the copy."""
-    engine = FakeEngine()
-    gens, publisher = new_publisher(r, engine)
-    job = staged_job(r)
-    fence, plan = claim_and_plan(gens, job)
-    request_id = engine_request_id(job.response_id, fence.epoch)
-    publisher.start_request(job.response_id, fence, plan, request_id=request_id)
+    engine, gens, publisher, job, fence, request_id = admitted(r)
     publisher.step(0)
     assert publisher.active_count == 1 and engine.cancelled == []
     assert gens.release_lost(job.response_id, fence, int(time.time() * 1000)) is not None

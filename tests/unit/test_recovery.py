@@ -7,7 +7,6 @@ of the session runs reapers that would otherwise act on these tests' records.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -34,14 +33,6 @@ from tests.support.redis_server import PrivateRedis
 RESPONSE = "resp_" + "a" * 32
 OTHER = "resp_" + "b" * 32
 TTL_S = 3600
-
-
-@pytest.fixture
-def r(private_redis: PrivateRedis) -> Iterator[redis.Redis]:
-    client = private_redis.client()
-    client.flushdb()
-    yield client
-    client.close()
 
 
 def job(response_id: str = RESPONSE, prompt: list[int] | None = None, budget: int = 10) -> GenerationJob:

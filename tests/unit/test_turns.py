@@ -3,24 +3,13 @@ ancestors while a descendant needs them, and goes once nothing does."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import redis
 
 from resq import jsonutil, keys, turns
-from tests.support.redis_server import PrivateRedis
 
 TTL_S = 600
-
-
-@pytest.fixture
-def r(private_redis: PrivateRedis) -> Iterator[redis.Redis]:
-    client = private_redis.client()
-    client.flushdb()
-    yield client
-    client.close()
 
 
 def rid(name: str) -> str:
