@@ -78,6 +78,7 @@ _NOT_FIELDS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", 
 _TAG_AFTER: dict[str, frozenset[str]] = {
     "tool_choice": frozenset({"mode", "allowed_tools"}),
     "format": frozenset({"text", "json_schema", "json_object", "grammar"}),
+    "response_format": frozenset({"text", "json_schema", "json_object"}),
 }
 
 
@@ -107,6 +108,12 @@ def _param_path(loc: Sequence[int | str], skip_tags: bool = True) -> str | None:
             "input_text",
             "output_text",
             "refusal",
+            # Chat Completions: messages tagged by role, content parts by type.
+            "system",
+            "user",
+            "assistant",
+            "tool",
+            "text",
         }:
             # A tag name appears right after an index; a real field never does.
             if index > 0 and isinstance(loc[index - 1], int):

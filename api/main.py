@@ -14,7 +14,7 @@ from api.gate import Gate
 from api.log_context import ResponseLogContext
 from api.metrics import HTTPMetricsMiddleware
 from api.openapi import resq_openapi
-from api.routes import conversations, health, metrics, models, responses, socket, stored
+from api.routes import chat, conversations, health, metrics, models, responses, socket, stored
 from api.state import AppState
 from resq import __version__
 from resq.settings import Settings, get_settings
@@ -40,6 +40,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="resq", version=__version__, lifespan=lifespan)
     install_error_handlers(app)
     app.include_router(responses.router)
+    app.include_router(chat.router)
     app.include_router(socket.router)
     app.include_router(stored.router)
     app.include_router(conversations.router)

@@ -28,6 +28,8 @@ DELTA_TYPES = frozenset(
         b"response.output_text.delta",
         b"response.reasoning_text.delta",
         b"response.function_call_arguments.delta",
+        # Chat completions: every chunk carries answer (the role chunk goes out with the first).
+        types.CHAT_CHUNK.encode(),
     }
 )
 
@@ -52,7 +54,9 @@ OUTPUT_TOKENS = Counter(
     ["model"],
 )
 RESPONSES_DELIVERED = Counter(
-    "resq_responses_delivered", "Responses this API delivered to the end, by final status.", ["status"]
+    "resq_responses_delivered",
+    "Generations this API delivered to the end, by final status and endpoint (responses, chat_completions).",
+    ["status", "endpoint"],
 )
 ACTIVE_STREAMS = Gauge("resq_active_streams", "SSE streams open on this API process.")
 QUEUE_DEPTH = Gauge(
@@ -69,6 +73,8 @@ AFFINITY_ROUTED = Counter(
     "serving another model: the shared queue), none (no worker recorded for the key).",
     ["outcome"],
 )
+
+_CHAT_TERMINAL_BYTES = frozenset({types.CHAT_DONE.encode(), types.CHAT_FAILED.encode()})
 
 _REQUEST_STARTED: ContextVar[float | None] = ContextVar("resq_request_started", default=None)
 
@@ -102,18 +108,24 @@ class HTTPMetricsMiddleware:
 
 
 def record_delivered(response: dict[str, Any] | None) -> None:
-    """Count a final Response handed to a client: its status and output tokens."""
+    """Count a final Response (or chat completion) handed to a client: its status and output tokens."""
     if not response:
         return
-    RESPONSES_DELIVERED.labels(str(response.get("status"))).inc()
-    usage = response.get("usage") or {}
-    output_tokens = usage.get("output_tokens")
+    if response.get("object") == "chat.completion":
+        RESPONSES_DELIVERED.labels("completed", "chat_completions").inc()
+        output_tokens = (response.get("usage") or {}).get("completion_tokens")
+    elif "error" in response and "object" not in response:  # a failed chat completion's body
+        RESPONSES_DELIVERED.labels("failed", "chat_completions").inc()
+        return
+    else:
+        RESPONSES_DELIVERED.labels(str(response.get("status")), "responses").inc()
+        output_tokens = (response.get("usage") or {}).get("output_tokens")
     if isinstance(output_tokens, int) and output_tokens > 0:
         OUTPUT_TOKENS.labels(str(response.get("model"))).inc(output_tokens)
 
 
 def record_delivered_json(response_json: bytes) -> None:
-    """:func:`record_delivered` for a stored Response in its JSON form."""
+    """:func:`record_delivered` for a final object in its JSON form."""
     record_delivered(jsonutil.loads(response_json))
 
 
@@ -132,6 +144,8 @@ class _StreamTimer:
             elif self._new_response:
                 TIME_TO_FIRST_TOKEN.observe(now - self._started)
             self._last_delta = now
+        elif event_type in _CHAT_TERMINAL_BYTES:
+            record_delivered(jsonutil.loads(data))
         elif event_type in types.TERMINAL_TYPES_BYTES:
             record_delivered(jsonutil.loads(data).get("response"))
 

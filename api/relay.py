@@ -136,6 +136,28 @@ async def sse_chunks(batches: AsyncIterator[list[tuple[bytes, bytes]]]) -> Async
             yield b"".join(frames)
 
 
+CHAT_DONE_BYTES = types.CHAT_DONE.encode()
+CHAT_CREATED_BYTES = types.CHAT_CREATED.encode()
+
+
+async def chat_sse_chunks(batches: AsyncIterator[list[tuple[bytes, bytes]]]) -> AsyncIterator[bytes]:
+    """The SSE body of a chat completion: ``data:`` lines only, as OpenAI frames them.
+
+    Chunks go out as logged; the API's first entry (``chat.completion.created``) is not sent, and
+    the log's terminal event is never sent as it is: a completion
+    ends with ``data: [DONE]``, a failed one with its ``{"error": ...}`` body (which the SDKs
+    raise as an ``APIError``).
+    """
+    async for batch in batches:
+        frames = [
+            DONE_FRAME if event_type == CHAT_DONE_BYTES else b"data: " + data + b"\n\n"
+            for event_type, data in batch
+            if event_type != CHAT_CREATED_BYTES
+        ]
+        if frames:
+            yield b"".join(frames)
+
+
 async def _log_ended(redis: Redis, response_id: str, read_up_to: bytes | str) -> bool:
     """Whether following the log past ``read_up_to`` can yield nothing: the response is gone, or
     its terminal event is at or before ``read_up_to`` (one appended since the last read is not)."""

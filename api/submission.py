@@ -10,6 +10,7 @@ from typing import Any
 
 from api import compaction
 from api.caller import Caller
+from api.chat import ChatExtras, completion_template
 from api.constraints import request_grammar
 from api.errors import OpenAIError, invalid_value, rate_limited
 from api.generation_plan import GenerationPlan
@@ -149,16 +150,17 @@ def _tool_choice_echo(request: CreateResponseRequest) -> Any:
     return choice.model_dump()
 
 
-def stop_token_ids(tokenizer: TextTokenizer, plan: GenerationPlan) -> list[int]:
+def stop_token_ids(
+    tokenizer: TextTokenizer, plan: GenerationPlan, stop_sequences: tuple[str, ...] = ()
+) -> list[int]:
     """Tokens that end this request besides the model's own end tokens.
 
     Only a stop text that is one token of the vocabulary can stop the engine; otherwise
-    the post-processor alone ends the answer there (generation runs on, unseen).
+    the post-processor alone ends the answer there (and stops the engine once it did).
     """
-    if plan.stop_after is None:
-        return []
-    token_id = tokenizer.tokenizer.token_to_id(plan.stop_after)
-    return [] if token_id is None else [token_id]
+    texts = [plan.stop_after] if plan.stop_after is not None else []
+    found = (tokenizer.tokenizer.token_to_id(text) for text in [*texts, *stop_sequences])
+    return sorted({token_id for token_id in found if token_id is not None})
 
 
 def generation_limit(
@@ -235,11 +237,13 @@ async def accept(
     request: CreateResponseRequest,
     caller: Caller,
     local_history: dict[str, EarlierConversation] | None = None,
+    chat: ChatExtras | None = None,
 ) -> Accepted:
     """Validate what pydantic cannot, record the response, log its first events, and enqueue it.
 
     ``local_history``: earlier responses a WebSocket keeps in memory (``store: false`` ones can be
-    continued there), by id.
+    continued there), by id. ``chat``: the request came as a chat completion (:mod:`api.chat`):
+    it speaks the ``chat`` protocol, and its log starts empty (chunks only).
     """
     settings = state.settings
     background = bool(request.background)
@@ -272,13 +276,22 @@ async def accept(
     limit = generation_limit(request, len(prompt_ids), tokenizer.card.context_length, prompt.default_output)
 
     model = tokenizer.card.name
-    created = initial_response(request, response_id, model, background, store)
-    emitter = EventEmitter(0)
-    logged = [emitter.emit(build.response_event(types.CREATED, created))]
-    if background:
-        logged.append(emitter.emit(build.response_event(types.QUEUED, created)))
+    emitter = EventEmitter(0, stamps=chat is None)
+    if chat is not None:
+        created = completion_template(response_id, model)
+        record_status = "in_progress"
+        logged = [emitter.emit({"type": types.CHAT_CREATED, **created})]
+    else:
+        created = initial_response(request, response_id, model, background, store)
+        record_status = created["status"]
+        logged = [emitter.emit(build.response_event(types.CREATED, created))]
+        if background:
+            logged.append(emitter.emit(build.response_event(types.QUEUED, created)))
     options = ProcessingOptions(
         model=model,
+        protocol="responses" if chat is None else "chat",
+        stop=chat.stop if chat is not None else (),
+        include_usage=chat.include_usage if chat is not None else False,
         background=background,
         store=store,
         first_sequence_number=len(logged),
@@ -316,7 +329,7 @@ async def accept(
         max_output_tokens=limit,
         temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
         top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
-        stop_token_ids=stop_token_ids(tokenizer, plan),
+        stop_token_ids=stop_token_ids(tokenizer, plan, chat.stop if chat is not None else ()),
         logprobs=plan.logprobs,
         grammar=grammar,
         presence_penalty=request.presence_penalty or 0.0,
@@ -335,7 +348,7 @@ async def accept(
     pipe.hset(
         keys.record(response_id),
         mapping={
-            "status": created["status"],
+            "status": record_status,
             "created": created_json,
             "response": created_json,
             "options": options.model_dump_json(),

@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from resq.status import Protocol
+
 
 class ProcessingOptions(BaseModel):
     """What the post-processor needs to know about the request."""
@@ -18,6 +20,8 @@ class ProcessingOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: str
+    protocol: Protocol = "responses"
+    """The wire protocol of the events and the final object (:mod:`resq.protocols`)."""
     background: bool = False
     store: bool = True
     first_sequence_number: int = 1
@@ -46,6 +50,10 @@ class ProcessingOptions(BaseModel):
     conversation_id: str | None = None
     """The ``conversation`` the response belongs to: its input and output items are appended to it
     once, when it ends ``completed`` or ``incomplete``."""
+    stop: tuple[str, ...] = ()
+    """Stop sequences: the answer text ends before the first one (Chat Completions' ``stop``)."""
+    include_usage: bool = False
+    """Chat streams: a last chunk with the usage (``stream_options.include_usage``)."""
     leading_output: tuple[dict[str, Any], ...] = ()
     """Output items made before generation, shown first (the compaction item of
     ``context_management``)."""

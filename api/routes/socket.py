@@ -38,9 +38,9 @@ from pydantic import ValidationError
 
 from api.caller import ANONYMOUS, Caller
 from api.errors import OpenAIError, invalid_value, validation_error_to_openai
+from api.foreground import client_left, forget_unstored
 from api.gate import caller_of
 from api.relay import follow_event_batches
-from api.routes.responses import client_left, forget_unstored
 from api.schemas import CreateResponseRequest
 from api.state import AppState
 from api.store import EarlierConversation

@@ -20,15 +20,20 @@ class EncodedEvent:
 class EventEmitter:
     """Numbers events 0, 1, 2... per response, with no gap and no repeat."""
 
-    def __init__(self, next_sequence_number: int = 0) -> None:
+    def __init__(self, next_sequence_number: int = 0, *, stamps: bool = True) -> None:
         self.next_sequence_number = next_sequence_number
+        self._stamps = stamps
+        """Whether the JSON carries ``sequence_number`` (Chat Completions chunks do not)."""
 
     def emit(self, event: Event) -> EncodedEvent:
-        """Stamp ``event`` with the next number and encode it."""
+        """Number ``event`` (stamping it, unless told not to) and encode it."""
         number = self.next_sequence_number
         self.next_sequence_number += 1
-        event["sequence_number"] = number
-        return EncodedEvent(number, event["type"], jsonutil.dumps(event))
+        if self._stamps:
+            event["sequence_number"] = number
+        # Responses events name their type; a chat chunk's is its "object" (chat.completion.chunk).
+        event_type = event["type"] if "type" in event else event["object"]
+        return EncodedEvent(number, event_type, jsonutil.dumps(event))
 
     def emit_with_response_json(self, event_type: str, response_json: bytes) -> EncodedEvent:
         """A response-level event around an already encoded Response, kept byte for byte.

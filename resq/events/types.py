@@ -36,5 +36,12 @@ TERMINAL_BY_STATUS: Final = {
     # stream with `response.incomplete` whose `response.status` is "cancelled".
     "cancelled": INCOMPLETE,
 }
-TERMINAL_TYPES: Final = frozenset({COMPLETED, INCOMPLETE, FAILED})
+# Chat Completions (resq.protocols.chat): the log's types; only chunks' JSON is ever sent.
+CHAT_CREATED: Final = "chat.completion.created"
+"""The first entry of a chat completion's log, made by the API (the log exists from the start); never sent."""
+CHAT_CHUNK: Final = "chat.completion.chunk"
+CHAT_DONE: Final = "chat.completion.done"
+CHAT_FAILED: Final = "chat.completion.failed"
+
+TERMINAL_TYPES: Final = frozenset({COMPLETED, INCOMPLETE, FAILED, CHAT_DONE, CHAT_FAILED})
 TERMINAL_TYPES_BYTES: Final = frozenset(t.encode() for t in TERMINAL_TYPES)

@@ -5,31 +5,30 @@ the API, and in unit tests. Its output depends only on the response's created
 snapshot, its options and its token stream: a processor re-run from the start of
 the stream after a crash produces the same events, byte for byte, and the
 runner skips the ones already logged.
+
+The processor is protocol-neutral: it detokenizes, parses (reasoning, tool calls),
+cuts at stop sequences and aligns logprobs into :mod:`resq.postprocess.segments`;
+the response's wire protocol (:mod:`resq.protocols`) turns segments into events
+and the final object.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from functools import partial
-from typing import Any, Literal
+from typing import Any
 
-from resq import jsonutil, sealed
 from resq.catalog import TextTokenizer
-from resq.events import builders as build
-from resq.events import types
-from resq.events.assembler import OutputAssembler, ReasoningOutput
-from resq.events.builders import ItemStatus
 from resq.events.emitter import EncodedEvent, EventEmitter
 from resq.options import ProcessingOptions
 from resq.postprocess.detokenizer import IncrementalDetokenizer
 from resq.postprocess.logprobs import LogprobAligner
 from resq.postprocess.parsers import ReasoningTokenCounter, make_parser
 from resq.postprocess.segments import Segment
+from resq.postprocess.stops import StopSequences
+from resq.protocols import WireProtocol, make_protocol
 from resq.sealed import Sealer
+from resq.status import FinalStatus
 from resq.wire import FinishEntry, StartEntry, TokensEntry, TokenStreamEntry
-
-FinalStatus = Literal["completed", "incomplete", "failed", "cancelled"]
 
 _STATUS_BY_FINISH: dict[str, FinalStatus] = {
     "stop": "completed",
@@ -47,17 +46,6 @@ class Finished:
     response_json: bytes
 
 
-def _reasoning_output(options: ProcessingOptions, sealer: Sealer | None) -> ReasoningOutput:
-    owner = options.seal_reasoning_for
-    if owner is None:
-        return ReasoningOutput(summary=options.reasoning_summary)
-    if sealer is None:
-        raise ValueError("the request asks for encrypted reasoning, and no sealer was given")
-    return ReasoningOutput(
-        summary=options.reasoning_summary, seal=partial(sealer.seal, sealed.REASONING, owner)
-    )
-
-
 class ResponseProcessor:
     """Builds the events and the final Response of one response."""
 
@@ -70,8 +58,10 @@ class ResponseProcessor:
         sealer: Sealer | None = None,
     ) -> None:
         self._response_id = response_id
-        self._template = created_response
-        self._emitter = EventEmitter(options.first_sequence_number)
+        self.protocol: WireProtocol = make_protocol(response_id, created_response, options, sealer)
+        self._emitter = EventEmitter(
+            options.first_sequence_number, stamps=self.protocol.stamps_sequence_numbers
+        )
         self._detokenizer = IncrementalDetokenizer(tokenizer)
         self._parser = make_parser(options)
         self._reasoning_counter = ReasoningTokenCounter() if self._parser.tracks_reasoning else None
@@ -79,9 +69,8 @@ class ResponseProcessor:
         self._forced_prefix_ids = list(options.forced_prefix_ids)
         self._output_length = 0
         """Characters of decoded output so far (where the next token's text starts)."""
-        self._assembler = OutputAssembler(response_id, _reasoning_output(options, sealer))
+        self._stops = StopSequences(options.stop) if options.stop else None
         self._started = False
-        self._leading_output = [dict(item) for item in options.leading_output]
         self.reasoning_tokens = 0
         self.finish: FinishEntry | None = None
 
@@ -91,8 +80,13 @@ class ResponseProcessor:
         return self._emitter.next_sequence_number
 
     def in_progress_response(self) -> dict[str, Any]:
-        """The snapshot while generating (``response.in_progress`` and the record)."""
-        return {**self._template, "status": "in_progress"}
+        """The snapshot while generating (the record's, until the final one)."""
+        return self.protocol.in_progress()
+
+    @property
+    def stopped_early(self) -> bool:
+        """Whether a stop sequence ended the answer (the engine may still be generating)."""
+        return self._stops is not None and self._stops.stopped
 
     def on_entry(self, entry: TokenStreamEntry) -> list[EncodedEvent]:
         """The events one token-stream entry causes (the terminal event excluded)."""
@@ -101,12 +95,9 @@ class ResponseProcessor:
         events: list[dict[str, Any]] = []
         if not self._started and not (isinstance(entry, FinishEntry) and entry.output_tokens == 0):
             self._started = True
-            events.append(build.response_event(types.IN_PROGRESS, self.in_progress_response()))
-        if self._leading_output:
-            # Items the API made before generation (a context_management compaction) come first.
-            leading, self._leading_output = self._leading_output, []
-            for item in leading:
-                events += self._assembler.add_finished(item)
+            events += self.protocol.started()
+        # Output the API made before generation (a context_management compaction) comes first.
+        events += self.protocol.leading()
         if isinstance(entry, TokensEntry):
             if self._forced_prefix_ids:
                 # The answer starts with the tokens the API forced (tool_choice): the parsers
@@ -116,12 +107,11 @@ class ResponseProcessor:
             events += self._segments_to_events(self._feed(entry.token_ids, entry.logprobs))
         elif isinstance(entry, FinishEntry):
             self.finish = entry
-            events += self._segments_to_events(self._with_logprobs(self._parser.finish()))
+            events += self._segments_to_events(self._shown(self._parser.finish(), final=True))
             if self._reasoning_counter is not None:
                 self._reasoning_counter.finish(self._parser.take_reasoning_spans())
                 self.reasoning_tokens = self._reasoning_counter.count
-            item_status: ItemStatus = "completed" if entry.finish_reason == "stop" else "incomplete"
-            events += self._assembler.close(item_status)
+            events += self.protocol.close(entry, self._status_of(entry), self.reasoning_tokens)
         elif not isinstance(entry, StartEntry):  # pragma: no cover - exhaustive union
             raise TypeError(f"unexpected entry {entry!r}")
         return [self._emitter.emit(event) for event in events]
@@ -131,34 +121,30 @@ class ResponseProcessor:
         finish = self.finish
         if finish is None:
             raise RuntimeError("final_response() before the finish entry")
-        final_status = status or _STATUS_BY_FINISH[finish.finish_reason]
-        response = {
-            **self._template,
-            "status": final_status,
-            "output": self._assembler.items,
-            "usage": build.usage(
-                finish.prompt_tokens,
-                finish.output_tokens,
-                reasoning_tokens=self.reasoning_tokens,
-                cached_tokens=finish.cached_tokens,
-            ),
-        }
-        if final_status == "completed":
-            response["completed_at"] = int(time.time())
-        elif final_status == "incomplete":
-            response["incomplete_details"] = {"reason": "max_output_tokens"}
-        elif final_status == "failed":
-            response["error"] = {
-                "code": "server_error",
-                "message": finish.error or "The model failed to generate a response.",
-            }
-        return Finished(final_status, jsonutil.dumps(response))
+        final_status = status or self._status_of(finish)
+        return Finished(final_status, self.protocol.final(final_status, finish, self.reasoning_tokens))
 
-    def terminal_event(self, status: str, response_json: bytes) -> EncodedEvent:
-        """The last event, around the Response exactly as stored."""
-        return self._emitter.emit_with_response_json(types.TERMINAL_BY_STATUS[status], response_json)
+    def terminal_event(self, status: FinalStatus, response_json: bytes) -> EncodedEvent:
+        """The last event, around the final object exactly as stored."""
+        return self.protocol.terminal_event(self._emitter, status, response_json)
+
+    def terminal_event_at(self, number: int, status: FinalStatus, response_json: bytes) -> EncodedEvent:
+        """The terminal event as it would be numbered ``number`` (this processor's numbering untouched)."""
+        return self.protocol.terminal_event(EventEmitter(number), status, response_json)
 
     # --- internals -----------------------------------------------------------------------------
+
+    def _status_of(self, finish: FinishEntry) -> FinalStatus:
+        if self.stopped_early and finish.finish_reason != "error":
+            # The answer ended at a stop sequence; the engine went on (or was stopped) unseen.
+            return "completed"
+        return _STATUS_BY_FINISH[finish.finish_reason]
+
+    def _shown(self, segments: list[Segment], *, final: bool = False) -> list[Segment]:
+        """What of the parser's segments is shown: cut at a stop sequence, with logprobs."""
+        if self._stops is not None:
+            segments = self._stops.finish(segments) if final else self._stops.feed(segments)
+        return self._with_logprobs(segments)
 
     def _feed(
         self, token_ids: list[int], logprobs: list[float] | None, *, sampled: bool = True
@@ -168,7 +154,7 @@ class ResponseProcessor:
         if counter is None and aligner is None:
             text = self._detokenizer.feed(token_ids)
             self._output_length += len(text)
-            return self._parser.feed(text)
+            return self._shown(self._parser.feed(text))
         # One token at a time, so that each token's characters are known: the parser says which
         # of them are reasoning, and text segments say where they lie. The parser sees the same
         # chunks whatever the entry sizes, so the events are identical for any chunking too.
@@ -185,7 +171,7 @@ class ResponseProcessor:
                 counter.settle(self._parser.take_reasoning_spans(), self._parser.resolved)
         if counter is not None:
             self.reasoning_tokens = counter.count
-        return self._with_logprobs(segments)
+        return self._shown(segments)
 
     def _with_logprobs(self, segments: list[Segment]) -> list[Segment]:
         return self._logprobs.attach(segments) if self._logprobs is not None else segments
@@ -193,5 +179,5 @@ class ResponseProcessor:
     def _segments_to_events(self, segments: list[Segment]) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
         for segment in segments:
-            events += self._assembler.add(segment)
+            events += self.protocol.add(segment)
         return events

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, cast
 
 from redis import Redis
 
@@ -46,10 +46,12 @@ from resq.postprocess.event_log import (
 )
 from resq.postprocess.positions import ConsumedTokens, TokenGapError, TokensRewrittenError
 from resq.postprocess.processor import Finished, ResponseProcessor
+from resq.protocols import make_protocol
 from resq.records import FINALIZE_LUA, MARK_IN_PROGRESS_LUA
 from resq.redis_types import optional_text, range_entries, stream_entries
 from resq.sealed import sealer_from_settings
 from resq.settings import Settings
+from resq.status import FinalStatus
 from resq.wire import FinishEntry, StartEntry, TokensEntry, decode_entry
 
 log = logging.getLogger(__name__)
@@ -71,8 +73,12 @@ def _logged_state(redis: Redis, response_id: str) -> tuple[int, bool]:
     return keys.sequence_number_of(entry_id) + 1, fields.get(b"type") in types.TERMINAL_TYPES_BYTES
 
 
-def _finalize(redis: Redis, response_id: str, finished: Finished, ttl_s: int) -> tuple[str, bytes]:
-    def write() -> tuple[str, bytes]:
+def _finalize(
+    redis: Redis, response_id: str, finished: Finished, ttl_s: int
+) -> tuple[FinalStatus | Literal["missing"], bytes]:
+    """Write the final record (once: a finalised response keeps what it has); its status and bytes."""
+
+    def write() -> tuple[FinalStatus | Literal["missing"], bytes]:
         status, stored = redis.eval(
             FINALIZE_LUA,
             4,
@@ -85,22 +91,28 @@ def _finalize(redis: Redis, response_id: str, finished: Finished, ttl_s: int) ->
             ttl_s,
             jsonutil.dumps(jsonutil.loads(finished.response_json).get("output", [])),
         )
-        return status.decode(), stored
+        return cast("FinalStatus | Literal['missing']", status.decode()), stored
 
     return retrying(write, f"the final Response of {response_id}", WRITE_BACKOFF)
 
 
 def _fail_before_processing(
-    redis: Redis, response_id: str, created: dict[str, Any], first_number: int, message: str, ttl_s: int
+    redis: Redis,
+    response_id: str,
+    created: dict[str, Any],
+    options: ProcessingOptions,
+    first_number: int,
+    message: str,
+    ttl_s: int,
 ) -> str:
     """End a response that cannot be post-processed at all (e.g. its model is gone)."""
-    response = {**created, "status": "failed", "error": {"code": "server_error", "message": message}}
-    status, stored = _finalize(redis, response_id, Finished("failed", jsonutil.dumps(response)), ttl_s)
+    protocol = make_protocol(response_id, created, options)
+    status, stored = _finalize(redis, response_id, Finished("failed", protocol.unprocessable(message)), ttl_s)
     if status == "missing":
         return status
-    emitter = EventEmitter(first_number)
+    final_status: FinalStatus = "cancelled" if status == "cancelled" else "failed"
     EventLogWriter(redis, response_id, first_number, WRITE_BACKOFF).append(
-        [emitter.emit_with_response_json(types.TERMINAL_BY_STATUS[status], stored)]
+        [protocol.terminal_event(EventEmitter(first_number), final_status, stored)]
     )
     return status
 
@@ -144,6 +156,7 @@ def run_postprocess(
                 redis,
                 response_id,
                 created,
+                options,
                 max(already_logged, options.first_sequence_number),
                 f"The model {options.model!r} is no longer served.",
                 ttl_s,
@@ -215,6 +228,7 @@ class _Run:
         self._conversation = conversation
         self._consumed = ConsumedTokens()
         self._prompt_tokens = 0
+        self._engine_stopped = False
 
     def run(self, keep_going: Callable[[], bool] | None) -> str:
         response_id = self._response_id
@@ -269,6 +283,8 @@ class _Run:
                 if started:
                     self._mark_in_progress()
                 self._writer.append(events)
+                if processor.stopped_early and not self._engine_stopped:
+                    self._stop_engine()
             except RedisRefusedError as refused:
                 log.error("%s; failing %s", refused, response_id)
                 return self._give_up(events, "The server could not record the response's events.", refused)
@@ -278,6 +294,19 @@ class _Run:
                 return self._give_up([], failure, None)
             if processor.finish is not None:
                 return self._complete()
+
+    def _stop_engine(self) -> None:
+        """A stop sequence ended the answer: the GPU worker need not generate what nobody sees.
+
+        The cancel flag alone (the record keeps its status): the engine's ``cancelled`` finish
+        then ends the response as the processor says, ``completed`` at the stop sequence.
+        """
+        self._engine_stopped = True
+        retrying(
+            lambda: self._redis.set(keys.cancel(self._response_id), "1", ex=self._cancel_flag_ttl_s),
+            f"the stop of {self._response_id}'s generation",
+            WRITE_BACKOFF,
+        )
 
     def _mark_in_progress(self) -> None:
         retrying(
@@ -325,13 +354,9 @@ class _Run:
         number = processor.next_sequence_number
         ending = Ending(
             failed.response_json,
-            EventEmitter(number).emit_with_response_json(
-                types.TERMINAL_BY_STATUS["failed"], failed.response_json
-            ),
+            processor.terminal_event_at(number, "failed", failed.response_json),
             cancelled.response_json,
-            EventEmitter(number).emit_with_response_json(
-                types.TERMINAL_BY_STATUS["cancelled"], cancelled.response_json
-            ),
+            processor.terminal_event_at(number, "cancelled", cancelled.response_json),
             self._ttl_s,
             self._cancel_flag_ttl_s,
         )

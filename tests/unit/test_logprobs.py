@@ -17,11 +17,11 @@ from resq.events import builders as build
 from resq.events import types
 from resq.events.emitter import EventEmitter
 from resq.options import ProcessingOptions
-from resq.postprocess import processor as processor_module
 from resq.postprocess.logprobs import LOWEST_LOGPROB, LogprobAligner
 from resq.postprocess.parsers import forced_call_prefix
 from resq.postprocess.processor import ResponseProcessor
 from resq.postprocess.segments import ReasoningSegment, TextSegment
+from resq.protocols import responses as processor_module
 from resq.wire import FinishEntry, StartEntry, TokensEntry
 from tests.support.invariants import check_stream
 from tests.support.tokenizer import tiny_tokenizer

@@ -60,14 +60,14 @@ def test_a_relayed_stream_is_timed_and_counted_and_passes_unchanged() -> None:
     ttft = sample("resq_time_to_first_token_seconds_count")
     gaps = sample("resq_inter_token_seconds_count")
     tokens = sample("resq_output_tokens_total", model="unit-model")
-    completed = sample("resq_responses_delivered_total", status="completed")
+    completed = sample("resq_responses_delivered_total", status="completed", endpoint="responses")
 
     assert _relay(STREAM) == STREAM
 
     assert sample("resq_time_to_first_token_seconds_count") == ttft + 1
     assert sample("resq_inter_token_seconds_count") == gaps + 2  # three deltas, two gaps
     assert sample("resq_output_tokens_total", model="unit-model") == tokens + 17
-    assert sample("resq_responses_delivered_total", status="completed") == completed + 1
+    assert sample("resq_responses_delivered_total", status="completed", endpoint="responses") == completed + 1
     assert sample("resq_active_streams") == 0
 
 

@@ -22,7 +22,6 @@ from resq import jsonutil
 from resq.catalog import ModelCard, TextTokenizer, tokenizer_sha256
 from resq.events import types as event_types
 from resq.options import ProcessingOptions
-from resq.postprocess import processor as processor_module
 from resq.postprocess.parsers import (
     REASONING_PARSERS,
     TOOL_PARSERS,
@@ -39,6 +38,7 @@ from resq.postprocess.parsers.hermes import parse_call
 from resq.postprocess.parsers.markup import partial_tag_length
 from resq.postprocess.processor import ResponseProcessor
 from resq.postprocess.segments import ReasoningSegment, Segment, TextSegment, ToolCallSegment
+from resq.protocols import responses as processor_module
 from resq.wire import FinishEntry, StartEntry, TokensEntry
 
 THINK_TAGS = ("<think>", "</think>")

@@ -1,0 +1,111 @@
+"""Foreground responses: waiting for the end, and what happens when the client leaves first."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+
+import anyio
+from fastapi import Request
+from starlette.responses import Response
+
+from api import metrics
+from api.errors import response_not_found
+from api.http import raw_json_response
+from api.relay import follow_event_batches, sse_chunks, wait_for_terminal
+from api.state import AppState
+from api.submission import Accepted
+from resq import keys
+
+log = logging.getLogger(__name__)
+
+CLEANUP_TIMEOUT_S = 5.0
+
+
+async def _cancel_generation(state: AppState, response_id: str) -> None:
+    """Tell the GPU worker to stop generating ``response_id`` (the client left)."""
+    with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_TIMEOUT_S):
+        await state.redis.set(keys.cancel(response_id), "1", ex=state.settings.transient_ttl_s)
+        log.info("client left %s before it ended; generation cancelled", response_id)
+
+
+async def forget_unstored(state: AppState, response_id: str) -> None:
+    """Drop the keys of a ``store=false`` response once its client has it, or has left.
+
+    Nobody can read it again either way. A generation still running keeps only its cancel
+    flag (:meth:`api.store.ResponseStore.delete_keys`): the GPU worker stops within a step,
+    and nothing of it outlives the flag's TTL.
+    """
+    with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_TIMEOUT_S):
+        await state.store.delete_keys(response_id)
+
+
+async def client_left(state: AppState, accepted: Accepted) -> None:
+    """The client of a foreground response left before its end: stop it, and drop it if unstored."""
+    if accepted.store:
+        await _cancel_generation(state, accepted.response_id)
+    else:
+        await forget_unstored(state, accepted.response_id)
+        log.info("client left %s before it ended; unstored, so dropped", accepted.response_id)
+
+
+async def stream_new_response(
+    state: AppState,
+    accepted: Accepted,
+    framing: Callable[[AsyncIterator[list[tuple[bytes, bytes]]]], AsyncIterator[bytes]] = sse_chunks,
+) -> AsyncIterator[bytes]:
+    """The SSE body of a response just created, framed by ``framing`` (the protocol's).
+
+    A client that leaves before the end cancels a foreground generation (and drops an
+    unstored one); an unstored one is dropped once it was delivered, too.
+    """
+    finished = False
+    try:
+        batches = metrics.measured_batches(follow_event_batches(state.redis, accepted.response_id))
+        async for chunk in framing(batches):
+            yield chunk
+        finished = True
+    finally:
+        if not finished and not accepted.background:
+            await client_left(state, accepted)
+        elif finished and not accepted.store:
+            await forget_unstored(state, accepted.response_id)
+
+
+async def wait_for_final(state: AppState, accepted: Accepted, request: Request) -> Response:
+    """The final object as the response body; 499 (nobody reads it) when the client left first."""
+    final = await final_json(state, accepted, request)
+    if final is None:  # the client left: nobody reads this answer, and no server error happened
+        return Response(status_code=metrics.CLIENT_CLOSED_REQUEST)
+    return raw_json_response(final)
+
+
+async def final_json(state: AppState, accepted: Accepted, request: Request) -> bytes | None:
+    """The final Response JSON of a foreground response; None when the client left first."""
+    response_id = accepted.response_id
+    async with anyio.create_task_group() as group:
+        result: list[bytes | None] = []
+
+        async def wait() -> None:
+            result.append(await wait_for_terminal(state.redis, response_id))
+            group.cancel_scope.cancel()
+
+        async def watch_client() -> None:
+            # A non-streaming client that hangs up must not keep the GPU busy either.
+            # Starlette reports a disconnect only when asked: poll.
+            while not await request.is_disconnected():  # noqa: ASYNC110
+                await anyio.sleep(0.5)
+            await client_left(state, accepted)
+            group.cancel_scope.cancel()
+
+        group.start_soon(wait)
+        group.start_soon(watch_client)
+    if not result:
+        return None
+    if result[0] is None:
+        # Deleted (or expired) while generating: a 5xx would make the SDK retry, creating it again.
+        raise response_not_found(response_id)
+    metrics.record_delivered_json(result[0])
+    if not accepted.store:
+        await forget_unstored(state, response_id)
+    return result[0]
