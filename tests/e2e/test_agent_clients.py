@@ -470,3 +470,92 @@ def test_litellm_passes_responses_through(stack: Stack) -> None:
         if event.type == "response.output_text.delta"
     ]
     assert "".join(deltas) == scenario("hello").completion
+
+
+# --- Chat Completions: LangChain ------------------------------------------------------------------
+
+
+def chat_completions_model(stack: Stack, **options: Any) -> ChatOpenAI:
+    """LangChain's default ChatOpenAI: Chat Completions, not the Responses API."""
+    return ChatOpenAI(
+        model=MODEL,
+        base_url=f"{stack.base_url}/v1",
+        api_key="sk-test",  # type: ignore[arg-type]
+        temperature=0,
+        max_retries=0,
+        **options,
+    )
+
+
+def test_langchain_chat_completions_invoke(stack: Stack) -> None:
+    answer = chat_completions_model(stack).invoke([HumanMessage("Say hello.")])
+    assert isinstance(answer, AIMessage)
+    assert answer.text == scenario("hello").completion
+    # A chat completion (a ``chatcmpl-`` id), not a response.
+    assert answer.response_metadata["id"].startswith("chatcmpl-")
+    assert answer.response_metadata["finish_reason"] == "stop"
+
+
+def test_langchain_chat_completions_stream(stack: Stack) -> None:
+    chunks = list(chat_completions_model(stack).stream([HumanMessage("Say hello.")]))
+    assert len(chunks) > 1
+    assert "".join(chunk.text for chunk in chunks) == scenario("hello").completion
+
+
+def test_langchain_chat_completions_bind_tools_loop(stack: Stack) -> None:
+    model = chat_completions_model(stack).bind_tools([GET_WEATHER_TOOL])
+    question = HumanMessage(WEATHER_PROMPT)
+    called = model.invoke([question])
+    assert isinstance(called, AIMessage)
+    assert [(call["name"], call["args"]) for call in called.tool_calls] == [
+        ("get_weather", {"city": "Paris"})
+    ]
+    assert called.response_metadata["finish_reason"] == "tool_calls"
+    answer = model.invoke(
+        [question, called, ToolMessage("22C and sunny", tool_call_id=called.tool_calls[0]["id"])]
+    )
+    assert answer.text == scenario("after_tool_result").completion
+
+
+# --- Chat Completions: litellm --------------------------------------------------------------------
+
+
+def litellm_chat_options(stack: Stack) -> dict[str, Any]:
+    """litellm's openai-compatible provider on the stack's Chat Completions endpoint."""
+    return {
+        "model": f"openai/{MODEL}",
+        "api_base": f"{stack.base_url}/v1",
+        "api_key": "sk-test",
+        "temperature": 0,
+    }
+
+
+def test_litellm_chat_completion(stack: Stack) -> None:
+    answer = litellm.completion(messages=[_user("Say hello.")], **litellm_chat_options(stack))
+    assert answer.id.startswith("chatcmpl-")
+    assert answer.choices[0].message.content == scenario("hello").completion
+    assert answer.choices[0].finish_reason == "stop"
+
+
+def test_litellm_chat_completion_streams(stack: Stack) -> None:
+    chunks = list(
+        litellm.completion(messages=[_user("Say hello.")], stream=True, **litellm_chat_options(stack))
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    assert text == scenario("hello").completion
+    assert [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices][-1] == "stop"
+
+
+def test_litellm_chat_completion_runs_a_tool_loop(stack: Stack) -> None:
+    history: list[Any] = [_user(WEATHER_PROMPT)]
+    called = litellm.completion(messages=history, tools=[GET_WEATHER_TOOL], **litellm_chat_options(stack))
+    choice = called.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    calls = choice.message.tool_calls or []
+    assert [(call.function.name, json.loads(call.function.arguments)) for call in calls] == [
+        ("get_weather", {"city": "Paris"})
+    ]
+    # As litellm's function-calling guide does: the assistant message back, then the tool's result.
+    history += [choice.message, {"role": "tool", "tool_call_id": calls[0].id, "content": "22C and sunny"}]
+    answer = litellm.completion(messages=history, tools=[GET_WEATHER_TOOL], **litellm_chat_options(stack))
+    assert answer.choices[0].message.content == scenario("after_tool_result").completion

@@ -714,3 +714,90 @@ def test_an_api_ended_after_recording_before_sending_its_messages(
     assert comparable(final.model_dump(mode="json")) == references(**LONG), stack.logs()
     events = [as_dict(event) for event in other.responses.retrieve(response_id, stream=True)]
     check_stream(events)
+
+
+# --- chat completions ----------------------------------------------------------------------------
+
+CHAT_LONG = {
+    "messages": [{"role": "user", "content": "Repeat forever."}],
+    "temperature": 0,
+    "max_tokens": LONG_TOKENS,
+}
+"""LONG as a chat completion: the same prompt, so the same greedy text."""
+
+
+def chat_stream_with_fault(client: OpenAI, fault: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Stream CHAT_LONG with the usage chunk, calling ``fault(response_id)`` after a few content chunks."""
+    chunks: list[dict[str, Any]] = []
+    faulted = False
+    stream = client.chat.completions.create(
+        model=MODEL, stream=True, stream_options={"include_usage": True}, **CHAT_LONG
+    )
+    for chunk in stream:
+        chunks.append(chunk.model_dump(mode="json"))
+        contents = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+        if not faulted and len(contents) >= DELTAS_BEFORE_FAULT:
+            fault("resp_" + chunk.id.removeprefix("chatcmpl-"))
+            faulted = True
+    assert faulted, "the completion ended before the fault"
+    return chunks
+
+
+def check_chat_against(chunks: list[dict[str, Any]], reference: dict[str, Any]) -> None:
+    """Every chunk once: the content is the uninterrupted run's text, one finish, the usage last."""
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    expected = "".join(
+        part["text"] for item in reference["output"] if item["type"] == "message" for part in item["content"]
+    )
+    assert text == expected
+    assert [c["choices"][0]["delta"].get("role") for c in chunks if c["choices"]].count("assistant") == 1
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+    assert finishes.count("length") == 1 and finishes[-1] == "length"
+    assert chunks[-1]["choices"] == []
+    assert chunks[-1]["usage"]["completion_tokens"] == reference["usage"]["output_tokens"]
+
+
+def test_chat_stream_survives_a_post_process_worker_killed_mid_stream(
+    make_stack: StackFactory, references: References
+) -> None:
+    stack = make_stack(postprocess_workers=2)
+    r = stack.redis
+    victims: list[RoleProcess] = []
+
+    def kill_post_processor(response_id: str) -> None:
+        holder = r.hget(keys.POSTPROCESS_LEASE_HOLDERS, response_id)
+        assert holder, "no post-processor holds the completion"
+        victims.append(stack.role_of(holder))
+        victims[0].kill()
+        generated.append(int(generation_field(r, response_id, "generated") or 0))
+
+    generated: list[int] = []
+    chunks = chat_stream_with_fault(stack.client(), kill_post_processor)
+    assert victims and not victims[0].alive()
+    assert generated[0] < LONG_TOKENS, "the generation had ended before the kill"
+    check_chat_against(chunks, references(**LONG))
+    survivor = next(worker for worker in stack.postprocess_workers if worker.alive())
+    assert "taking over post-processing of" in survivor.log_tail(400)
+
+
+def test_chat_stream_survives_a_gpu_worker_killed_mid_generation(
+    make_stack: StackFactory, references: References
+) -> None:
+    stack = make_stack(gpu_workers=2)
+    r = stack.redis
+    seen: dict[str, Any] = {}
+
+    def kill_gpu_worker(response_id: str) -> None:
+        owner = generation_field(r, response_id, "owner")
+        assert owner, "no GPU worker owns the completion"
+        victim = stack.role_of(owner)
+        victim.kill()
+        generated = int(generation_field(r, response_id, "generated") or 0)
+        seen.update(victim=victim, response_id=response_id, generated=generated)
+        wait_until(lambda: generation_field(r, response_id, "epoch") == "2", RECOVERY_BOUND_S, "a resume")
+
+    chunks = chat_stream_with_fault(stack.client(), kill_gpu_worker)
+    assert 0 < seen["generated"] < LONG_TOKENS, seen
+    check_chat_against(chunks, references(**LONG))
+    survivor = next(worker for worker in stack.gpu_workers if worker is not seen["victim"])
+    assert f"resuming {seen['response_id']} after" in survivor.log_tail(400)
