@@ -25,11 +25,23 @@ from __future__ import annotations
 
 import json
 from collections import deque
+from typing import Protocol
 
 from resq.conversation import CUSTOM_INPUT
-from resq.postprocess.parsers.hermes import HermesToolParser
 from resq.postprocess.parsers.reasoning import ReasoningParser, Span
 from resq.postprocess.segments import CustomToolCallSegment, Segment, TextSegment, ToolCallSegment
+
+
+class ToolCallParser(Protocol):
+    """Incremental parser of one tool-call format: answer text in, text and call segments out."""
+
+    def feed(self, text: str) -> list[Segment]:
+        """Segments that ``text`` (the next chunk of answer text) completes."""
+        ...
+
+    def finish(self) -> list[Segment]:
+        """Segments still held back when the answer ends."""
+        ...
 
 
 def custom_call(call: ToolCallSegment) -> CustomToolCallSegment:
@@ -45,7 +57,7 @@ class ParserChain:
     def __init__(
         self,
         reasoning: ReasoningParser | None = None,
-        tools: HermesToolParser | None = None,
+        tools: ToolCallParser | None = None,
         max_calls: int | None = None,
         custom_tools: frozenset[str] = frozenset(),
     ) -> None:
