@@ -17,7 +17,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.types import Message, Send
 
 from api.event_hub import EventHub
-from resq import keys
+from resq import keys, records
 from resq.events import types
 from resq.redis_types import optional_bytes, range_entries
 
@@ -185,5 +185,5 @@ async def wait_for_terminal(redis: Redis, response_id: str) -> bytes | None:
     """Wait until the response ends; return its stored final Response JSON (None if it vanished)."""
     async for event_type, _ in follow_events(redis, response_id):
         if event_type in types.TERMINAL_TYPES_BYTES:
-            return optional_bytes(await redis.hget(keys.record(response_id), "response"))
+            return optional_bytes(await redis.hget(keys.record(response_id), records.FINAL_OBJECT))
     return None

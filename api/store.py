@@ -21,15 +21,13 @@ from redis.asyncio import Redis
 from api.caller import Caller
 from api.errors import OpenAIError, invalid_value, response_not_found
 from api.relay import follow_events, last_sequence_number
-from resq import ids, item_index, jsonutil, keys, turns
+from resq import ids, item_index, jsonutil, keys, records, turns
 from resq.records import CANCEL_LUA, DELETE_LUA, TERMINAL_STATUSES
 from resq.redis_types import optional_bytes
 
 log = logging.getLogger(__name__)
 
 Item = dict[str, Any]
-
-_FIELDS = ("status", "response", "final", "store", "background", "owner")
 
 
 @dataclass(frozen=True)
@@ -156,18 +154,18 @@ class ResponseStore:
         return resolved
 
     async def _read(self, response_id: str) -> StoredResponse | None:
-        values = await self._redis.hmget(keys.record(response_id), _FIELDS)
-        status, response, final, store, background, owner = (optional_bytes(value) for value in values)
-        if status is None or response is None:
+        values = await self._redis.hmget(keys.record(response_id), records.STORED_FIELDS)
+        record = records.parse_stored([optional_bytes(value) for value in values])
+        if record is None:
             return None
         return StoredResponse(
             response_id=response_id,
-            status=status.decode(),
-            response_json=response,
-            final=final == b"1",
-            store=store == b"1",
-            background=background == b"1",
-            owner=(owner or b"").decode(),
+            status=record.status,
+            response_json=record.object_json,
+            final=record.final,
+            store=record.store,
+            background=record.background,
+            owner=record.owner,
         )
 
     async def _read_visible(self, response_id: str, caller: Caller) -> StoredResponse | None:

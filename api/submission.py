@@ -26,7 +26,7 @@ from api.relay import wait_for_terminal
 from api.schemas import CreateResponseRequest, CustomTool, FunctionTool, JsonSchemaFormat, NamespaceTool, Tool
 from api.state import AppState
 from api.store import EarlierConversation
-from resq import affinity, faults, ids, item_index, jsonutil, keys, turns
+from resq import affinity, faults, ids, item_index, jsonutil, keys, records, turns
 from resq.catalog import TextTokenizer
 from resq.conversation import since_last_compaction
 from resq.events import builders as build
@@ -35,6 +35,7 @@ from resq.events.emitter import EncodedEvent, EventEmitter
 from resq.logs import bind_response_id
 from resq.options import ProcessingOptions
 from resq.recovery import generations
+from resq.status import ResponseStatus
 from resq.truncation import turn_starts
 from resq.wire import GenerationJob
 
@@ -279,7 +280,7 @@ async def accept(
     emitter = EventEmitter(0, stamps=chat is None)
     if chat is not None:
         created = completion_template(response_id, model)
-        record_status = "in_progress"
+        record_status: ResponseStatus = "in_progress"
         logged = [emitter.emit({"type": types.CHAT_CREATED, **created})]
     else:
         created = initial_response(request, response_id, model, background, store)
@@ -292,8 +293,6 @@ async def accept(
         protocol="responses" if chat is None else "chat",
         stop=chat.stop if chat is not None else (),
         include_usage=chat.include_usage if chat is not None else False,
-        background=background,
-        store=store,
         first_sequence_number=len(logged),
         reasoning_parser=settings.reasoning_parser,
         tool_parser=settings.tool_parser,
@@ -345,19 +344,12 @@ async def accept(
             RETRY_AFTER_S,
         )
     pipe = state.redis.pipeline(transaction=True)
-    pipe.hset(
-        keys.record(response_id),
-        mapping={
-            "status": record_status,
-            "created": created_json,
-            "response": created_json,
-            "options": options.model_dump_json(),
-            "store": "1" if store else "0",
-            "background": "1" if background else "0",
-            "owner": caller.owner,
-        },
+    records.create(
+        pipe,
+        response_id,
+        records.NewRecord(record_status, created_json, options, store, background, caller.owner),
+        ttl,
     )
-    pipe.expire(keys.record(response_id), ttl)
     for event in logged:
         pipe.xadd(
             keys.events(response_id),

@@ -21,14 +21,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from resq import keys
+from resq import keys, records
 
 Item = dict[str, Any]
 Where = Literal["o", "i"]
 OUTPUT: Final = "o"
 INPUT: Final = "i"
 
-RESOLVE_LUA: Final = """
+RESOLVE_LUA: Final = (
+    records.OWNERSHIP_LUA
+    + """
 -- KEYS: item-index keys; ARGV[1]: the record key of response 'RID', ARGV[2]: its input key
 -- Returns, per key, false or {response_id, where, owner, store, final, payload}: payload is
 -- the record's Response JSON for an output item, the input record for an input item.
@@ -39,14 +41,12 @@ for index, key in ipairs(KEYS) do
   if ref then
     local rid, where = string.match(ref, '^(%S+) (%a)$')
     if rid then
-      local record = string.gsub(ARGV[1], 'RID', rid, 1)
-      local fields = redis.call('HMGET', record, 'owner', 'store', 'final', 'response')
-      if fields[1] then
-        local payload = fields[4]
+      local owner, store, final, payload = ownership_of((string.gsub(ARGV[1], 'RID', rid, 1)))
+      if owner then
         if where == 'i' then
           payload = redis.call('GET', (string.gsub(ARGV[2], 'RID', rid, 1)))
         end
-        entry = {rid, where, fields[1], fields[2] or '0', fields[3] or '0', payload or ''}
+        entry = {rid, where, owner, store, final, payload or ''}
       end
     end
   end
@@ -54,6 +54,7 @@ for index, key in ipairs(KEYS) do
 end
 return result
 """
+)
 RECORD_KEY_TEMPLATE: Final = keys.record("RID")
 INPUT_KEY_TEMPLATE: Final = keys.input_items("RID")
 

@@ -17,13 +17,13 @@ from resq.status import Protocol
 class ProcessingOptions(BaseModel):
     """What the post-processor needs to know about the request."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Unknown keys are ignored: a record an older API wrote (with fields since removed) still
+    # parses in a newer post-processor during a rolling upgrade.
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
     model: str
     protocol: Protocol = "responses"
     """The wire protocol of the events and the final object (:mod:`resq.protocols`)."""
-    background: bool = False
-    store: bool = True
     first_sequence_number: int = 1
     """Events the API logged itself (``response.created``, and ``response.queued`` when background)."""
     reasoning_parser: str | None = None
@@ -41,7 +41,6 @@ class ProcessingOptions(BaseModel):
     (``tool_choice`` enforcement): part of the answer, though the model did not sample them."""
     logprobs: bool = False
     """Attach each text token's log-probability to ``output_text`` (``include``)."""
-    top_logprobs: int = 0
     reasoning_summary: bool = False
     """The request asked for a reasoning summary: reasoning items mirror their text into ``summary``."""
     seal_reasoning_for: str | None = None

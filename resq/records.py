@@ -1,14 +1,20 @@
-"""The response record: status, Response snapshot and options of one response.
+"""The response record: status, final object and options of one response. Its one owner.
 
-Every status change is one Lua script, so it is atomic across API replicas and
-workers, and a terminal status is never overwritten: a late ``completed`` does
-not replace ``cancelled``.
+Every module that reads or writes a record's fields goes through here: the API
+creates it (:func:`create`), the store reads it (:data:`STORED_FIELDS`,
+:func:`parse_stored`), the post-processor reads what it needs
+(:data:`PROCESSING_FIELDS`, :func:`parse_processing`) and writes the final object
+(:data:`FINALIZE_LUA`), the relay reads the final object (:data:`FINAL_OBJECT`). The
+field names appear nowhere else. Every status change is one Lua script, so it is
+atomic across API replicas and workers, and a terminal status is never
+overwritten: a late ``completed`` does not replace ``cancelled``.
 
 Record fields (hash ``keys.record``):
 
-- ``status``: ``queued``, ``in_progress``, ``completed``, ``incomplete``,
-  ``failed`` or ``cancelled``;
-- ``response``: the latest Response JSON (the final one once terminal);
+- ``status``: a :data:`resq.status.ResponseStatus`;
+- ``created``: the object as created (the Response snapshot, or a chat completion's shared fields);
+- ``response``: the latest object JSON (the final one once terminal: a Response, or a
+  ``chat.completion`` / its error body);
 - ``final``: ``1`` once the post-processor wrote the final Response;
 - ``options``: JSON of :class:`resq.options.ProcessingOptions`;
 - ``store``, ``background``: ``1`` or ``0``; ``owner``: who created it.
@@ -16,9 +22,138 @@ Record fields (hash ``keys.record``):
 
 from __future__ import annotations
 
-from typing import Final
+from dataclasses import dataclass
+from typing import Final, cast
 
-TERMINAL_STATUSES: Final = frozenset({"completed", "incomplete", "failed", "cancelled"})
+from redis.asyncio.client import Pipeline as AsyncPipeline
+from redis.client import Pipeline
+
+from resq import keys
+from resq.options import ProcessingOptions
+from resq.status import TERMINAL_STATUSES, ResponseStatus
+
+__all__ = [
+    "CANCEL_LUA",
+    "DELETE_LUA",
+    "FAIL_LUA",
+    "FINALIZE_LUA",
+    "FINAL_OBJECT",
+    "MARK_IN_PROGRESS_LUA",
+    "OWNERSHIP_LUA",
+    "PROCESSING_FIELDS",
+    "STORED_FIELDS",
+    "TERMINAL_STATUSES",
+    "NewRecord",
+    "ProcessingRecord",
+    "StoredRecord",
+    "create",
+    "parse_processing",
+    "parse_stored",
+]
+
+FINAL_OBJECT: Final = "response"
+"""The field holding the latest (once terminal, the final) object."""
+
+
+@dataclass(frozen=True)
+class NewRecord:
+    """What the API records when it accepts a request."""
+
+    status: ResponseStatus
+    created_json: bytes
+    options: ProcessingOptions
+    store: bool
+    background: bool
+    owner: str
+
+
+def create(pipe: Pipeline | AsyncPipeline, response_id: str, record: NewRecord, ttl_s: int) -> None:
+    """Queue the commands that write a new record (expiring after ``ttl_s``) on ``pipe``."""
+    key = keys.record(response_id)
+    pipe.hset(
+        key,
+        mapping={
+            "status": record.status,
+            "created": record.created_json,
+            FINAL_OBJECT: record.created_json,
+            "options": record.options.model_dump_json(),
+            "store": "1" if record.store else "0",
+            "background": "1" if record.background else "0",
+            "owner": record.owner,
+        },
+    )
+    pipe.expire(key, ttl_s)
+
+
+STORED_FIELDS: Final = ("status", FINAL_OBJECT, "final", "store", "background", "owner")
+"""What the store reads of a record (``HMGET`` in this order, then :func:`parse_stored`)."""
+
+
+@dataclass(frozen=True)
+class StoredRecord:
+    """A record as the store reads it, at one moment."""
+
+    status: ResponseStatus
+    object_json: bytes
+    final: bool
+    store: bool
+    background: bool
+    owner: str
+
+
+def parse_stored(values: list[bytes | None]) -> StoredRecord | None:
+    """The :data:`STORED_FIELDS` values as a record; None when it is missing."""
+    status, latest, final, store, background, owner = values
+    if status is None or latest is None:
+        return None
+    return StoredRecord(
+        status=cast("ResponseStatus", status.decode()),
+        object_json=latest,
+        final=final == b"1",
+        store=store == b"1",
+        background=background == b"1",
+        owner=(owner or b"").decode(),
+    )
+
+
+OWNERSHIP_LUA: Final = """
+-- A Lua prelude: ownership_of(record) -> owner, store, final, latest object of a record, or nil
+-- when it is missing (item references are resolved against it in the same step).
+local function ownership_of(record)
+  local fields = redis.call('HMGET', record, 'owner', 'store', 'final', 'response')
+  if not fields[1] then
+    return nil
+  end
+  return fields[1], fields[2] or '0', fields[3] or '0', fields[4]
+end
+"""
+
+PROCESSING_FIELDS: Final = ("created", "options", "store", "owner")
+"""What a post-processor reads of a record (``HMGET`` in this order, then :func:`parse_processing`)."""
+
+
+@dataclass(frozen=True)
+class ProcessingRecord:
+    """A record as a post-processor needs it."""
+
+    created_json: bytes
+    options: ProcessingOptions
+    store: bool
+    owner: str
+
+
+def parse_processing(values: list[bytes | None]) -> ProcessingRecord | None:
+    """The :data:`PROCESSING_FIELDS` values as a record; None when it is missing."""
+    created, options, store, owner = values
+    if created is None or options is None:
+        return None
+    return ProcessingRecord(
+        created_json=created,
+        options=ProcessingOptions.model_validate_json(options),
+        store=store == b"1",
+        owner=(owner or b"").decode(),
+    )
+
 
 MARK_IN_PROGRESS_LUA: Final = """
 -- KEYS[1] record; ARGV[1] Response JSON with status in_progress

@@ -30,7 +30,7 @@ from typing import Any, Literal, cast
 
 from redis import Redis
 
-from resq import conversations, faults, item_index, jsonutil, keys, turns
+from resq import conversations, faults, item_index, jsonutil, keys, records, turns
 from resq.catalog import ModelCatalog
 from resq.events import types
 from resq.events.emitter import EncodedEvent, EventEmitter
@@ -48,7 +48,7 @@ from resq.postprocess.positions import ConsumedTokens, TokenGapError, TokensRewr
 from resq.postprocess.processor import Finished, ResponseProcessor
 from resq.protocols import make_protocol
 from resq.records import FINALIZE_LUA, MARK_IN_PROGRESS_LUA
-from resq.redis_types import optional_text, range_entries, stream_entries
+from resq.redis_types import optional_bytes, range_entries, stream_entries
 from resq.sealed import sealer_from_settings
 from resq.settings import Settings
 from resq.status import FinalStatus
@@ -135,15 +135,14 @@ def run_postprocess(
     :class:`RedisRefusedError` when Redis refused every write, the failure included
     (nothing half-written: a takeover goes on later).
     """
-    created_json, options_json, store_flag, owner = redis.hmget(
-        keys.record(response_id), "created", "options", "store", "owner"
-    )
-    if created_json is None or options_json is None:
+    values = redis.hmget(keys.record(response_id), records.PROCESSING_FIELDS)
+    record = records.parse_processing([optional_bytes(value) for value in values])
+    if record is None:
         log.info("response %s has no record (deleted or expired); nothing to do", response_id)
         return "missing"
-    options = ProcessingOptions.model_validate_json(options_json)
-    created = jsonutil.loads(created_json)
-    ttl_s = settings.store_ttl_s if store_flag == b"1" else settings.transient_ttl_s
+    options = record.options
+    created = jsonutil.loads(record.created_json)
+    ttl_s = settings.store_ttl_s if record.store else settings.transient_ttl_s
 
     for rebuild in range(MAX_REBUILDS + 1):
         already_logged, done = _logged_state(redis, response_id)
@@ -176,7 +175,7 @@ def run_postprocess(
             EventLogWriter(redis, response_id, already_logged, WRITE_BACKOFF),
             ttl_s,
             settings.transient_ttl_s,
-            optional_text(owner) if store_flag == b"1" else None,
+            record.owner if record.store else None,
             _ConversationAppend(options.conversation_id, settings.store_ttl_s)
             if options.conversation_id is not None
             else None,
