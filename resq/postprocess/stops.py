@@ -1,5 +1,8 @@
 """Stop sequences (Chat Completions' ``stop``): the answer text ends before the first one.
 
+"First" is the one whose end comes first in the text (where two overlap, the one that
+completes first, as a per-token check would find it).
+
 Protocol-neutral, after the parser chain: only answer text is searched (reasoning
 and calls pass through). Text that could be the start of a stop sequence is held
 back until the next chunk decides, so the events are the same for any chunking;
@@ -51,10 +54,12 @@ class StopSequences:
             return []
         self._held.append(segment)
         text = "".join(piece.text for piece in self._held)
-        found = [at for at in (text.find(stop) for stop in self._stops) if at >= 0]
+        # The stop sequence that ends first wins (as an engine checking after every token would
+        # see it), then the one that starts first: the same cut whatever the chunking.
+        found = [(at + len(stop), at) for stop in self._stops if (at := text.find(stop)) >= 0]
         if found:
             self.stopped = True
-            shown = self._release(min(found))
+            shown = self._release(min(found)[1])
             self._held = []
             return shown
         return self._release(len(text) - self._undecided_tail(text))

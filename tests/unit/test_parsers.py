@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from openai.types.chat import ChatCompletion
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -700,3 +701,115 @@ def test_tokens_the_model_did_not_sample_are_never_counted() -> None:
     counter.add_token(len("<think>"))
     counter.finish([(0, len("</think>\n\n<think>"))])
     assert counter.count == 1
+
+
+# --- both protocols ---------------------------------------------------------------------------------
+
+CHAT_CREATED: dict[str, Any] = {
+    "id": "chatcmpl-" + "1" * 32,
+    "object": "chat.completion",
+    "created": 1,
+    "model": "tiny",
+    "system_fingerprint": "resq",
+    "service_tier": "default",
+}
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a client of either protocol ends up with."""
+
+    text: str
+    reasoning: str
+    calls: list[tuple[str, str]]
+    logprobs: list[dict[str, Any]]
+    reasoning_tokens: int
+    tool_calls_finish: bool
+    """Responses: completed with a function call; chat: ``finish_reason`` ``tool_calls``."""
+
+
+def final_object(
+    tokenizer: TextTokenizer, chunks: list[list[int]], opts: ProcessingOptions
+) -> dict[str, Any]:
+    created = CHAT_CREATED if opts.protocol == "chat" else CREATED
+    proc = ResponseProcessor(RESPONSE_ID, created, tokenizer, opts)
+    proc.on_entry(StartEntry(prompt_tokens=5))
+    position = 0
+    for chunk in chunks:
+        logprobs = [-0.25 - position - i for i in range(len(chunk))] if opts.logprobs else None
+        proc.on_entry(TokensEntry(chunk, logprobs))
+        position += len(chunk)
+    proc.on_entry(FinishEntry("stop", 5, position))
+    final: dict[str, Any] = jsonutil.loads(proc.final_response().response_json)
+    return final
+
+
+def responses_answer(final: dict[str, Any]) -> Answer:
+    Response.model_validate(final)
+    text, reasoning, calls, logprobs = "", "", [], []
+    for item in final["output"]:
+        if item["type"] == "message":
+            for part in item["content"]:
+                text += part["text"]
+                logprobs += part["logprobs"]
+        elif item["type"] == "reasoning":
+            reasoning += "".join(part["text"] for part in item["content"])
+        else:
+            assert item["type"] == "function_call", item
+            calls.append((item["name"], item["arguments"]))
+    return Answer(
+        text,
+        reasoning,
+        calls,
+        logprobs,
+        final["usage"]["output_tokens_details"]["reasoning_tokens"],
+        final["status"] == "completed" and bool(calls),
+    )
+
+
+def chat_answer(final: dict[str, Any]) -> Answer:
+    ChatCompletion.model_validate(final, strict=False)
+    [choice] = final["choices"]
+    message = choice["message"]
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls", [])]
+    return Answer(
+        message["content"] or "",
+        message.get("reasoning_content", ""),
+        calls,
+        choice["logprobs"]["content"] if choice["logprobs"] is not None else [],
+        final["usage"]["completion_tokens_details"]["reasoning_tokens"],
+        choice["finish_reason"] == "tool_calls",
+    )
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_both_protocols_carry_the_same_answer_for_any_chunking(data: st.DataObject) -> None:
+    case = data.draw(st.sampled_from(CASES), label="case")
+    tokenizer = tiny_tokenizer(data.draw(st.booleans(), label="with_markup_tokens"))
+    token_ids = tokenizer.encode(case.text)
+    assert tokenizer.decode(token_ids) == case.text
+    cuts = data.draw(st.lists(st.integers(min_value=1, max_value=len(token_ids) - 1), max_size=12))
+    bounds = [0, *sorted(set(cuts)), len(token_ids)]
+    chunks = [token_ids[a:b] for a, b in itertools.pairwise(bounds)]
+    stop: tuple[str, ...] = ()
+    if data.draw(st.booleans(), label="with_stop"):
+        at = data.draw(st.integers(min_value=0, max_value=len(case.text) - 1), label="stop_at")
+        stop = (case.text[at : at + data.draw(st.integers(min_value=1, max_value=4), label="stop_len")],)
+    opts = case.opts.model_copy(update={"stop": stop, "logprobs": data.draw(st.booleans(), label="logprobs")})
+
+    response = final_object(tokenizer, chunks, opts)
+    responses = responses_answer(response)
+    chat = chat_answer(final_object(tokenizer, chunks, opts.model_copy(update={"protocol": "chat"})))
+    assert chat == responses
+    if not stop:
+        # Without a stop sequence, both are the parsers' answer.
+        pieces = case.expected
+        assert responses.text == "".join(p[1] for p in pieces if p[0] == "text")
+        assert responses.reasoning == "".join(p[1] for p in pieces if p[0] == "reasoning")
+        assert responses.calls == [(p[1], p[2]) for p in pieces if p[0] == "call"]
+    else:
+        # Each run of answer text (one message item) ends before the stop sequence.
+        for item in response["output"]:
+            if item["type"] == "message":
+                assert stop[0] not in "".join(part["text"] for part in item["content"])
