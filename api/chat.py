@@ -195,20 +195,27 @@ def responses_request(request: ChatCompletionRequest) -> CreateResponseRequest:
     try:
         return CreateResponseRequest.model_validate(body)
     except ValidationError as invalid:
-        raise _in_chat_terms(validation_error_to_openai(invalid.errors())) from invalid
+        raise in_chat_terms(validation_error_to_openai(invalid.errors())) from invalid
 
 
-_PARAM_NAMES = {"input": "messages", "max_output_tokens": "max_tokens", "text": "response_format"}
+_PARAM_PREFIXES = (
+    ("input", "messages"),
+    ("max_output_tokens", "max_tokens"),
+    ("text.format", "response_format.json_schema"),
+    ("text", "response_format"),
+)
+"""Responses parameter paths and the chat parameters they were translated from."""
 
 
-def _in_chat_terms(error: OpenAIError) -> OpenAIError:
-    """A translated request's validation error, naming the chat parameter it came from."""
+def in_chat_terms(error: OpenAIError) -> OpenAIError:
+    """A translated request's error, naming the chat parameter it came from."""
     param = error.param
-    if param:
-        head, dot, rest = param.partition(".")
-        base = head.split("[", 1)[0]
-        if base in _PARAM_NAMES:
-            param = _PARAM_NAMES[base] + head[len(base) :] + dot + rest
+    for responses_name, chat_name in _PARAM_PREFIXES:
+        if param is not None and (
+            param == responses_name or param.startswith((responses_name + ".", responses_name + "["))
+        ):
+            param = chat_name + param[len(responses_name) :]
+            break
     return OpenAIError(error.status_code, error.message, param=param, type=error.type, code=error.code)
 
 

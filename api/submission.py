@@ -35,7 +35,7 @@ from resq.events.emitter import EncodedEvent, EventEmitter
 from resq.logs import bind_response_id
 from resq.options import ProcessingOptions
 from resq.recovery import generations
-from resq.status import ResponseStatus
+from resq.status import ENDPOINT_OF_PROTOCOL, ResponseStatus
 from resq.truncation import turn_starts
 from resq.wire import GenerationJob
 
@@ -381,6 +381,10 @@ async def accept(
         state.dispatch_generation(response_id, model, routing.lookup), state.start_postprocessing(response_id)
     )
     log.info(
-        "accepted: %d prompt tokens, at most %d new, stream=%s", len(prompt_ids), limit, bool(request.stream)
+        "accepted: %d prompt tokens, at most %d new, stream=%s, endpoint=%s",
+        len(prompt_ids),
+        limit,
+        bool(request.stream),
+        ENDPOINT_OF_PROTOCOL[options.protocol],
     )
     return Accepted(response_id, created, background, store, logged, items.conversation)

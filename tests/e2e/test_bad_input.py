@@ -54,6 +54,14 @@ class Case:
     type: str = INVALID
 
 
+CHAT = "/v1/chat/completions"
+
+
+def chat(**fields: Any) -> dict[str, Any]:
+    """A chat completion body: a valid one, changed by ``fields``."""
+    return {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], **fields}
+
+
 def body(**fields: Any) -> dict[str, Any]:
     """A valid request body with ``fields`` changed (``None`` as a value removes the field)."""
     merged = {"model": MODEL, "input": "Say hello.", **fields}
@@ -496,6 +504,65 @@ CASES = [
         params={"after": "msg_nope"},
     ),
     # --- routes -----------------------------------------------------------------------------------
+    # Chat Completions: the same envelopes, naming the chat parameter.
+    Case("chat_no_messages", 400, "missing_required_parameter", "messages", path=CHAT, json={"model": MODEL}),
+    Case("chat_messages_not_a_list", 400, "invalid_type", "messages", path=CHAT, json=chat(messages="hi")),
+    Case("chat_unknown_model", 404, "model_not_found", "model", path=CHAT, json=chat(model="nope")),
+    Case("chat_n", 400, "unsupported_parameter", "n", path=CHAT, json=chat(n=3)),
+    Case("chat_store", 400, "unsupported_parameter", "store", path=CHAT, json=chat(store=True)),
+    Case("chat_stream_string", 400, "invalid_type", "stream", path=CHAT, json=chat(stream="yes")),
+    Case("chat_bad_temperature", 400, "invalid_value", "temperature", path=CHAT, json=chat(temperature=-1)),
+    Case(
+        "chat_conflicting_limits",
+        400,
+        "invalid_value",
+        "max_tokens",
+        path=CHAT,
+        json=chat(max_tokens=5, max_completion_tokens=6),
+    ),
+    Case(
+        "chat_content_wrong_type",
+        400,
+        "invalid_type",
+        "messages[0].content",
+        path=CHAT,
+        json=chat(messages=[{"role": "user", "content": 5}]),
+    ),
+    Case(
+        "chat_tool_call_without_id",
+        400,
+        "missing_required_parameter",
+        "messages[0].tool_calls[0].id",
+        path=CHAT,
+        json=chat(
+            messages=[
+                {
+                    "role": "assistant",
+                    "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}],
+                }
+            ]
+        ),
+    ),
+    Case(
+        "chat_stop_too_long",
+        400,
+        "invalid_value",
+        "stop",
+        path=CHAT,
+        json=chat(stop="x" * 300),
+    ),
+    Case(
+        "chat_forced_unknown_tool",
+        400,
+        None,
+        "tool_choice",
+        path=CHAT,
+        json=chat(
+            tools=[{"type": "function", "function": {"name": "f"}}],
+            tool_choice={"type": "function", "function": {"name": "g"}},
+        ),
+    ),
+    Case("chat_wrong_method", 405, None, None, method="GET", path=CHAT),
     Case("unknown_route", 404, None, None, method="GET", path="/v1/nothing-here"),
     Case("wrong_method", 405, None, None, method="PUT", path="/v1/responses"),
     Case("wrong_method_on_id", 405, None, None, method="PATCH", path=f"/v1/responses/{STORED}"),

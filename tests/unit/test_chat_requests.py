@@ -1,0 +1,164 @@
+"""A chat completion request as the Responses request it means (``api/chat.py``), and its metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+
+from api import metrics
+from api.chat import completion_id, extras, in_chat_terms, responses_request
+from api.chat_schemas import ChatCompletionRequest
+from api.errors import OpenAIError
+from api.schemas import LOGPROBS_INCLUDE
+
+
+def chat(**fields: Any) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "Hi"}], **fields}
+    )
+
+
+def test_messages_become_input_items_in_order() -> None:
+    request = chat(
+        messages=[
+            {"role": "system", "content": "Be brief."},
+            {"role": "developer", "content": [{"type": "text", "text": "Dev."}]},
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {
+                "role": "assistant",
+                "content": None,
+                "reasoning_content": "thinking",
+                "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "42"},
+            {"role": "assistant", "content": "It is 42."},
+        ]
+    )
+    translated = responses_request(request)
+    assert translated.store is False and translated.stream is False
+    items = [item.model_dump(exclude_none=True) for item in translated.input or []]
+    assert items == [
+        {"type": "message", "role": "system", "content": "Be brief."},
+        {"type": "message", "role": "developer", "content": "Dev."},
+        {"type": "message", "role": "user", "content": "ab"},
+        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "thinking"}]},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "42"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "It is 42."}]},
+    ]
+
+
+def test_parameters_map_to_their_responses_names() -> None:
+    request = chat(
+        max_completion_tokens=7,
+        temperature=0.5,
+        top_p=0.9,
+        presence_penalty=0.1,
+        frequency_penalty=0.2,
+        parallel_tool_calls=False,
+        tools=[
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, "strict": True}}
+        ],
+        tool_choice={"type": "function", "function": {"name": "f"}},
+        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}},
+        reasoning_effort="low",
+        logprobs=True,
+        stop=["x", "y"],
+        stream=True,
+        stream_options={"include_usage": True},
+        prompt_cache_key="k",
+        n=1,
+        seed=3,
+    )
+    translated = responses_request(request)
+    assert translated.max_output_tokens == 7
+    assert (translated.temperature, translated.top_p) == (0.5, 0.9)
+    assert (translated.presence_penalty, translated.frequency_penalty) == (0.1, 0.2)
+    assert translated.parallel_tool_calls is False
+    assert translated.stream is True and translated.prompt_cache_key == "k"
+    assert [tool.model_dump(exclude_none=True) for tool in translated.tools or []] == [
+        {"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": True}
+    ]
+    assert translated.tool_choice is not None and translated.tool_choice.model_dump() == {  # type: ignore[union-attr]
+        "type": "function",
+        "name": "f",
+    }
+    assert translated.text is not None and translated.text.format is not None
+    assert translated.text.format.model_dump(by_alias=True, exclude_none=True) == {
+        "type": "json_schema",
+        "name": "a",
+        "schema": {"type": "object"},
+    }
+    assert translated.reasoning is not None and translated.reasoning.effort == "low"
+    assert translated.include == [LOGPROBS_INCLUDE]
+    assert extras(request).stop == ("x", "y") and extras(request).include_usage is True
+
+
+def test_max_tokens_alone_and_equal_limits_are_fine_and_different_ones_a_400() -> None:
+    assert responses_request(chat(max_tokens=5)).max_output_tokens == 5
+    assert responses_request(chat(max_tokens=5, max_completion_tokens=5)).max_output_tokens == 5
+    with pytest.raises(OpenAIError) as raised:
+        responses_request(chat(max_tokens=5, max_completion_tokens=6))
+    assert raised.value.param == "max_tokens"
+
+
+def test_a_tool_result_answering_no_call_names_the_message() -> None:
+    request = chat(
+        messages=[{"role": "user", "content": "Hi"}, {"role": "tool", "tool_call_id": "zz", "content": "x"}]
+    )
+    with pytest.raises(OpenAIError) as raised:
+        responses_request(request)
+    assert raised.value.status_code == 400
+    assert raised.value.param == "messages[1].tool_call_id"
+
+
+@pytest.mark.parametrize(
+    ("responses_param", "chat_param"),
+    [
+        ("input[3].content", "messages[3].content"),
+        ("input", "messages"),
+        ("max_output_tokens", "max_tokens"),
+        ("text.format.name", "response_format.json_schema.name"),
+        ("text", "response_format"),
+        ("tools[0].name", "tools[0].name"),
+        ("textual", "textual"),
+        (None, None),
+    ],
+)
+def test_a_translated_error_names_the_chat_parameter(
+    responses_param: str | None, chat_param: str | None
+) -> None:
+    error = in_chat_terms(OpenAIError(400, "bad", param=responses_param, code="invalid_value"))
+    assert (error.param, error.message, error.code, error.status_code) == (
+        chat_param,
+        "bad",
+        "invalid_value",
+        400,
+    )
+
+
+def test_completion_ids_follow_the_response_id() -> None:
+    assert completion_id("resp_abc123") == "chatcmpl-abc123"
+
+
+def _delivered(status: str, endpoint: str) -> float:
+    value = REGISTRY.get_sample_value(
+        "resq_responses_delivered_total", {"status": status, "endpoint": endpoint}
+    )
+    return value or 0.0
+
+
+def test_delivered_completions_are_counted_by_endpoint() -> None:
+    before = _delivered("completed", "chat_completions"), _delivered("failed", "chat_completions")
+    responses_before = _delivered("completed", "responses")
+    metrics.record_delivered(
+        {"object": "chat.completion", "model": "m", "usage": {"completion_tokens": 3}, "choices": []}
+    )
+    metrics.record_delivered({"error": {"message": "x"}})
+    assert _delivered("completed", "chat_completions") == before[0] + 1
+    assert _delivered("failed", "chat_completions") == before[1] + 1
+    assert _delivered("completed", "responses") == responses_before
