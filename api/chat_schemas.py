@@ -10,14 +10,24 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import (
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from api.schemas import (
     MAX_INPUT_ITEMS,
     TOP_LOGPROBS_MAX,
     JsonObjectFormat,
+    NotServed,
     PlainTextFormat,
+    RefusingBranch,
     _Strict,
     check_raw_body,
     unsupported,
@@ -42,10 +52,8 @@ class ChatRefusalPart(_Strict):
     refusal: str
 
 
-class ChatUnsupportedPart(_Strict):
+class ChatUnsupportedPart(RefusingBranch):
     """Images, audio and files: refused, naming the part's type."""
-
-    model_config = ConfigDict(extra="allow")
 
     type: str
 
@@ -114,8 +122,8 @@ class AssistantMessage(_Message):
     refusal: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None
-    audio: Any = None
-    function_call: Any = None
+    audio: NotServed = None
+    function_call: NotServed = None
 
     @field_validator("audio", "function_call", mode="before")
     @classmethod
@@ -133,10 +141,8 @@ class ToolMessage(_Strict):
     content: str | list[ChatTextPart]
 
 
-class UnsupportedMessage(_Strict):
+class UnsupportedMessage(RefusingBranch):
     """A role resq does not serve (``function``, the deprecated one)."""
-
-    model_config = ConfigDict(extra="allow")
 
     role: str
 
@@ -219,10 +225,8 @@ def _format_tag(value: Any) -> str:
     return kind if kind in ("text", "json_object", "json_schema") else "other"
 
 
-class UnsupportedFormat(_Strict):
+class UnsupportedFormat(RefusingBranch):
     """A ``response_format`` type resq does not know."""
-
-    model_config = ConfigDict(extra="allow")
 
     type: str
 
@@ -285,20 +289,45 @@ class ChatCompletionRequest(_Strict):
     max_completion_tokens: int | None = Field(None, ge=1, strict=True)
     temperature: float | None = Field(None, ge=0, le=2, strict=True)
     top_p: float | None = Field(None, gt=0, le=1, strict=True)
-    stop: str | list[str] | None = None
+    stop: Annotated[
+        str | list[str] | None,
+        WithJsonSchema(
+            {
+                "anyOf": [
+                    {"type": "string", "minLength": 1, "maxLength": 256},
+                    {
+                        "type": "array",
+                        "items": {"type": "string", "minLength": 1, "maxLength": 256},
+                        "maxItems": 4,
+                    },
+                    {"type": "null"},
+                ]
+            }
+        ),
+    ] = None
     seed: int | None = Field(None, strict=True)
     presence_penalty: float | None = Field(None, ge=-2, le=2, strict=True)
     frequency_penalty: float | None = Field(None, ge=-2, le=2, strict=True)
     logprobs: bool | None = Field(None, strict=True)
-    top_logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS_MAX, strict=True)
+    top_logprobs: Annotated[
+        int | None, WithJsonSchema({"anyOf": [{"type": "integer", "const": 0}, {"type": "null"}]})
+    ] = Field(None, ge=0, le=TOP_LOGPROBS_MAX, strict=True)
+    """Served for 0 only (the sampled token's logprob); higher values are a 400 naming it."""
     tools: list[ChatFunctionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | ChatFunctionToolChoice | None = None
     parallel_tool_calls: bool | None = Field(None, strict=True)
     response_format: ResponseFormat | None = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
-    n: int | None = Field(None, strict=True)
-    store: bool | None = Field(None, strict=True)
-    logit_bias: dict[str, float] | None = None
+    n: Annotated[
+        int | None, WithJsonSchema({"anyOf": [{"type": "integer", "const": 1}, {"type": "null"}]})
+    ] = Field(None, strict=True)
+    store: Annotated[
+        bool | None, WithJsonSchema({"anyOf": [{"type": "boolean", "const": False}, {"type": "null"}]})
+    ] = Field(None, strict=True)
+    logit_bias: Annotated[
+        dict[str, float] | None,
+        WithJsonSchema({"anyOf": [{"type": "object", "maxProperties": 0}, {"type": "null"}]}),
+    ] = None
     user: str | None = Field(None, max_length=256)
     safety_identifier: str | None = Field(None, max_length=128)
     prompt_cache_key: str | None = Field(None, max_length=256)
@@ -306,13 +335,13 @@ class ChatCompletionRequest(_Strict):
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     verbosity: Literal["low", "medium", "high"] | None = None
 
-    audio: Any = None
-    functions: Any = None
-    function_call: Any = None
-    modalities: Any = None
-    prediction: Any = None
-    web_search_options: Any = None
-    metadata: Any = None
+    audio: NotServed = None
+    functions: NotServed = None
+    function_call: NotServed = None
+    modalities: NotServed = None
+    prediction: NotServed = None
+    web_search_options: NotServed = None
+    metadata: NotServed = None
 
     @model_validator(mode="before")
     @classmethod

@@ -16,7 +16,9 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    GetJsonSchemaHandler,
     Tag,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -90,8 +92,28 @@ def unsupported(what: str) -> PydanticCustomError:
     )
 
 
+NotServed = Annotated[Any, WithJsonSchema({"type": "null"})]
+"""A field OpenAI defines and resq refuses (a 400 naming it unless null): /openapi.json says null,
+so that clients and fuzzers see what resq serves."""
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class RefusingBranch(BaseModel):
+    """A catch-all union branch that exists only to refuse, naming what is not served.
+
+    /openapi.json shows it as matching nothing, so the schema lists only what resq serves
+    (and a fuzzer's valid requests are valid).
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        """Matches nothing."""
+        return {"not": {}}
 
 
 # --- content parts -------------------------------------------------------------------------------
@@ -120,10 +142,9 @@ class RefusalPart(_Strict):
     refusal: str
 
 
-class UnsupportedPart(BaseModel):
+class UnsupportedPart(RefusingBranch):
     """Images, files and audio: resq serves text-only models."""
 
-    model_config = ConfigDict(extra="allow")
     type: str
 
     @field_validator("type")
@@ -223,10 +244,9 @@ class CompactionItem(_Strict):
     created_by: str | None = None
 
 
-class UnsupportedItem(BaseModel):
+class UnsupportedItem(RefusingBranch):
     """Built-in tool calls and other items resq has no tools for."""
 
-    model_config = ConfigDict(extra="allow")
     type: str
 
     @field_validator("type")
@@ -498,10 +518,9 @@ class AllowedToolsChoice(_Strict):
     tools: list[AllowedToolRef]
 
 
-class UnsupportedToolChoice(BaseModel):
+class UnsupportedToolChoice(RefusingBranch):
     """Tool choices that name a hosted tool: resq cannot make the model call what it does not run."""
 
-    model_config = ConfigDict(extra="allow")
     type: str
 
     @field_validator("type")
@@ -702,14 +721,14 @@ class CreateResponseRequest(_Strict):
     client_metadata: dict[str, Any] | None = None
     """Codex's per-request client details: accepted and logged at debug level, not stored."""
 
-    access_programs: Any = None
-    background_options: Any = None
+    access_programs: NotServed = None
+    background_options: NotServed = None
     context_management: list[ContextManagement] | None = Field(None, max_length=1)
     conversation: str | ConversationRef | None = None
-    image: Any = None
-    moderation: Any = None
-    prompt: Any = None
-    prompt_cache_options: Any = None
+    image: NotServed = None
+    moderation: NotServed = None
+    prompt: NotServed = None
+    prompt_cache_options: NotServed = None
     include: list[str] | None = None
     top_logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS_MAX, strict=True)
 
@@ -838,8 +857,8 @@ class CompactRequest(_Strict):
     prompt_cache_key: str | None = Field(None, max_length=256)
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"] | None = None
-    image: Any = None
-    prompt_cache_options: Any = None
+    image: NotServed = None
+    prompt_cache_options: NotServed = None
 
     @model_validator(mode="before")
     @classmethod

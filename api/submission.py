@@ -34,6 +34,7 @@ from resq.events import types
 from resq.events.emitter import EncodedEvent, EventEmitter
 from resq.logs import bind_response_id
 from resq.options import ProcessingOptions
+from resq.postprocess import event_log
 from resq.recovery import generations
 from resq.status import ENDPOINT_OF_PROTOCOL, ResponseStatus
 from resq.truncation import turn_starts
@@ -350,13 +351,7 @@ async def accept(
         records.NewRecord(record_status, created_json, options, store, background, caller.owner),
         ttl,
     )
-    for event in logged:
-        pipe.xadd(
-            keys.events(response_id),
-            {"type": event.type, "data": event.data},
-            id=keys.event_entry_id(event.sequence_number),
-        )
-    pipe.expire(keys.events(response_id), ttl)
+    event_log.stage_first_events(pipe, response_id, logged, ttl)
     pipe.set(keys.input_items(response_id), jsonutil.dumps(input_record), ex=ttl)
     if linked_turn:
         # It may be continued once it ends: no turn may expire before it, nor before its children.

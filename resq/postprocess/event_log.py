@@ -1,5 +1,8 @@
 """Writing a response's event log: exactly once, without gaps, through Redis refusals.
 
+Every write to an event log goes through here (the API's first events too,
+:func:`stage_first_events`); the API's relay (:mod:`api.relay`) is its one reader.
+
 Events are appended with the ids ``0-<sequence_number + 1>`` by one Lua script per batch
 (:data:`APPEND_LUA`), which looks at the log's last event first:
 
@@ -29,6 +32,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from redis import Redis
+from redis.asyncio.client import Pipeline as AsyncPipeline
+from redis.client import Pipeline
 from redis.exceptions import RedisError
 
 from resq import keys
@@ -37,6 +42,24 @@ from resq.postprocess import metrics
 from resq.records import EVENT_LOG_LENGTH_LUA, FAIL_LUA
 
 log = logging.getLogger(__name__)
+
+
+def stage_first_events(
+    pipe: Pipeline | AsyncPipeline, response_id: str, events: list[EncodedEvent], ttl_s: int
+) -> None:
+    """Queue on ``pipe`` the log's first events (the API's, in the step that records the response).
+
+    The log exists from then on: a post-processor refuses to write to a log that is gone
+    (the response was deleted).
+    """
+    for event in events:
+        pipe.xadd(
+            keys.events(response_id),
+            {"type": event.type, "data": event.data},
+            id=keys.event_entry_id(event.sequence_number),
+        )
+    pipe.expire(keys.events(response_id), ttl_s)
+
 
 T = TypeVar("T")
 

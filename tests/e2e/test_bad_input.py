@@ -554,7 +554,7 @@ CASES = [
     Case(
         "chat_forced_unknown_tool",
         400,
-        None,
+        "invalid_value",
         "tool_choice",
         path=CHAT,
         json=chat(

@@ -50,7 +50,10 @@ def test_fuzzing_finds_no_server_error(fuzzed: Stack) -> None:
     print(f"fuzz: {report.statuses.total()} requests: {sorted(report.statuses.items())}")
     assert not report.failures, "\n".join(report.failures)
     # Some generated requests were valid all the way: they reached the GPU worker.
-    assert report.statuses["POST /v1/responses", 200] > 0, report.statuses
+    assert report.statuses["POST /v1/responses", 200] > 0, report.samples.get(("POST /v1/responses", 400))
+    assert report.statuses["POST /v1/chat/completions", 200] > 0, report.samples.get(
+        ("POST /v1/chat/completions", 400)
+    )
     assert all(status < 500 for _, status in report.statuses)
     # The service still answers normally.
     response = fuzzed.client().responses.create(

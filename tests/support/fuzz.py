@@ -41,6 +41,8 @@ class FuzzReport:
     """Answers by operation label and status code."""
     failures: list[str] = field(default_factory=list)
     """One line per operation and mode that got a 5xx or no answer (the first such request)."""
+    samples: dict[tuple[str, int], list[str]] = field(default_factory=dict)
+    """The first few requests and answers per operation and status (what a failed check shows)."""
 
 
 def _fuzz_operation(
@@ -64,6 +66,9 @@ def _fuzz_operation(
         except requests.RequestException as exc:
             raise AssertionError(_describe(case, f"no answer ({exc!r})")) from exc
         report.statuses[label, response.status_code] += 1
+        kept = report.samples.setdefault((label, response.status_code), [])
+        if len(kept) < 3:
+            kept.append(_describe(case, f"{response.status_code} {response.text[:300]}"))
         if response.status_code >= 500:
             raise AssertionError(_describe(case, f"{response.status_code} {response.text[:300]}"))
 
