@@ -156,3 +156,140 @@ def test_nothing_served_imports_the_bench() -> None:
             if path == ROOT / "resq" / "cli.py":  # `resq bench` imports it lazily, by design
                 continue
             assert "bench" not in imported_modules(path), f"{path} imports the bench"
+
+
+def _agent_loop(
+    system: str, round_index: int, ttft_ms: list[float], inputs: list[int], cached: list[int], wall_s: float
+):
+    from bench.agent_loop import LoopRun, Turn
+
+    turns = [
+        Turn(ttft / 1000, ttft / 1000 + 0.1, prompt, hit, 16, f"resp_{system}_{round_index}_{index}")
+        for index, (ttft, prompt, hit) in enumerate(zip(ttft_ms, inputs, cached, strict=True))
+    ]
+    return LoopRun(system, round_index, turns, wall_s)
+
+
+def test_agent_loop_requests_chain_turns_and_resend_the_fixed_prefix() -> None:
+    from bench.agent_loop import LoopShape, create_params
+
+    shape = LoopShape(turns=3, instructions_chars=500, turn_chars=100, max_output_tokens=16)
+    first = create_params("bench-bench", "s1", 0, None, shape)
+    second = create_params("bench-bench", "s1", 1, "resp_1", shape)
+    assert "previous_response_id" not in first and second["previous_response_id"] == "resp_1"
+    assert first["instructions"] == second["instructions"] and first["instructions"].startswith("Session s1.")
+    assert first["prompt_cache_key"] == second["prompt_cache_key"]
+    assert (first["max_output_tokens"], first["temperature"], "stream" in first) == (16, 0, False)
+    assert first["input"] == [{"role": "user", "content": first["input"][0]["content"]}]
+    call, output = second["input"]
+    assert call["type"] == "function_call" and output["type"] == "function_call_output"
+    assert call["call_id"] == output["call_id"] and len(output["output"]) == 100
+    assert output["output"] != first["input"][0]["content"]
+    # Another session: another tag in front, so no KV block of one loop serves another.
+    assert create_params("bench-bench", "s2", 0, None, shape)["instructions"] != first["instructions"]
+
+
+def test_agent_loop_reader_times_the_first_text_delta_and_reads_usage() -> None:
+    from bench.agent_loop import AgentLoopError, TurnReader
+
+    reader = TurnReader(sent=10.0)
+    assert reader.feed({"type": "response.created"}, 10.1) is None
+    assert reader.feed({"type": "response.output_text.delta", "delta": "a"}, 10.25) is None
+    assert reader.feed({"type": "response.output_text.delta", "delta": "b"}, 10.3) is None
+    usage = {"input_tokens": 900, "output_tokens": 16, "input_tokens_details": {"cached_tokens": 640}}
+    turn = reader.feed({"type": "response.completed", "response": {"id": "resp_x", "usage": usage}}, 10.5)
+    assert turn is not None and turn.ttft_s == pytest.approx(0.25) and turn.total_s == pytest.approx(0.5)
+    assert (turn.input_tokens, turn.cached_tokens, turn.output_tokens, turn.response_id) == (
+        900,
+        640,
+        16,
+        "resp_x",
+    )
+    with pytest.raises(AgentLoopError):
+        TurnReader(0.0).feed({"type": "error", "status": 400, "error": {"message": "no"}}, 1.0)
+    with pytest.raises(AgentLoopError):
+        TurnReader(0.0).feed({"type": "response.failed", "response": {"error": {"code": "x"}}}, 1.0)
+
+
+def test_agent_loop_pairs_each_round_and_judges_the_targets() -> None:
+    from bench.agent_loop import OFF, ON, WS, agent_targets, rounds_table, ttft_ratios, turns_table, ws_ratios
+
+    results = ResultSet()
+    inputs = [1000, 1300, 1600]
+    for round_index, (off_ms, on_ms, http_s, ws_s) in enumerate(
+        [(400.0, 100.0, 3.0, 2.0), (900.0, 100.0, 3.0, 2.8), (500.0, 100.0, 3.0, 2.4)]
+    ):
+        results.add(
+            _agent_loop(OFF, round_index, [90.0, 200.0, off_ms], inputs, [0, 0, 0], 5.0).record("bench")
+        )
+        results.add(
+            _agent_loop(ON, round_index, [90.0, 80.0, on_ms], inputs, [0, 960, 1280], http_s).record("bench")
+        )
+        results.add(
+            _agent_loop(WS, round_index, [85.0, 75.0, 95.0], inputs, [0, 960, 1280], ws_s).record("bench")
+        )
+    assert ttft_ratios(results, "bench") == [4.0, 9.0, 5.0]
+    assert ws_ratios(results, "bench") == pytest.approx([1.5, 3.0 / 2.8, 1.25])
+    ttft, cached, speed = agent_targets(results, "bench")
+    assert ttft.measured == 5.0 and ttft.met is True
+    # The last turn shares turn 2's 1300-token prompt: 20 whole pages of 64 = 1280 tokens, all reused.
+    assert cached.measured == 1.0 and cached.met is True
+    assert speed.measured == pytest.approx(1.25) and speed.met is True
+    *per_round, medians = rounds_table(results, "bench").rows
+    assert [row[4] for row in per_round] == ["4.00x", "9.00x", "5.00x"]
+    assert medians[4] == "4.00, 9.00, 5.00 -> 5.00x" and medians[5] == "1,280 / 1,300"
+    rows = turns_table(results, "bench").rows
+    assert [row[:4] for row in rows] == [
+        ["1", "1,000", "0", "0"],
+        ["2", "1,300", "1,000", "960"],
+        ["3", "1,600", "1,300", "1,280"],
+    ]
+    assert rows[2][4] == "80%" and rows[2][5] == "98%"
+
+
+def test_agent_loop_misses_when_the_ratios_fall_short() -> None:
+    from bench.agent_loop import OFF, ON, WS, agent_targets
+
+    results = ResultSet()
+    results.add(_agent_loop(OFF, 0, [100.0, 150.0], [1000, 1300], [0, 0], 3.0).record("bench"))
+    results.add(_agent_loop(ON, 0, [100.0, 100.0], [1000, 1300], [0, 640], 3.0).record("bench"))
+    results.add(_agent_loop(WS, 0, [100.0, 100.0], [1000, 1300], [0, 640], 2.9).record("bench"))
+    verdicts = [target.verdict() for target in agent_targets(results, "bench")]
+    assert verdicts == ["MISSED (-50%)", "MISSED (-33%)", "MISSED (-14%)"]
+
+
+def test_agent_loop_http_loops_of_a_round_share_a_session_and_the_socket_has_its_own() -> None:
+    from bench.agent_loop import OFF, ON, WS, session_tag
+
+    assert session_tag("t", 0, ON) == session_tag("t", 0, OFF) != session_tag("t", 0, WS)
+    assert session_tag("t", 0, ON) != session_tag("t", 1, ON) != session_tag("t", -1, ON)
+
+
+def test_agent_loop_silences_the_tokens_that_stream_no_text() -> None:
+    from types import SimpleNamespace
+
+    from bench.agent_loop import silent_token_ids
+
+    pieces = ["a", "\ufffd", "", "<think>", " b", "\n"]
+
+    class FakeTokenizer:
+        def get_added_tokens_decoder(self):
+            return {3: SimpleNamespace(content="<think>")}
+
+        def get_vocab_size(self, with_added_tokens: bool) -> int:
+            return len(pieces)
+
+        def decode(self, ids, skip_special_tokens: bool) -> str:
+            return pieces[ids[0]]
+
+    assert silent_token_ids(FakeTokenizer()) == [1, 2, 3]
+
+
+def test_agent_loop_reads_events_from_sse_frames_and_skips_done_and_pings() -> None:
+    from bench.agent_loop import event_of_frame
+
+    assert event_of_frame(b'event: response.created\ndata: {"type":"response.created"}') == {
+        "type": "response.created"
+    }
+    assert event_of_frame(b"data: [DONE]") is None
+    assert event_of_frame(b": ping") is None
