@@ -39,6 +39,7 @@ class ChatExtras:
 
     stop: tuple[str, ...] = ()
     include_usage: bool = False
+    seed: int | None = None
 
 
 def completion_id(response_id: str) -> str:
@@ -221,4 +222,4 @@ def in_chat_terms(error: OpenAIError) -> OpenAIError:
 
 def extras(request: ChatCompletionRequest) -> ChatExtras:
     """The chat-only parts of the request."""
-    return ChatExtras(stop=request.stop_sequences, include_usage=request.include_usage)
+    return ChatExtras(stop=request.stop_sequences, include_usage=request.include_usage, seed=request.seed)

@@ -334,6 +334,7 @@ async def accept(
         grammar=grammar,
         presence_penalty=request.presence_penalty or 0.0,
         frequency_penalty=request.frequency_penalty or 0.0,
+        seed=chat.seed if chat is not None else None,
     )
 
     created_json = jsonutil.dumps(created)

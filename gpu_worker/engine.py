@@ -56,6 +56,7 @@ from gpu_worker.constraints import GrammarConstraints, GrammarRefusedError
 from gpu_worker.model_loading import LoadedModel
 from gpu_worker.penalties import Penalties
 from gpu_worker.sampling import GREEDY_BELOW_TEMPERATURE, NON_FINITE_TOKEN
+from gpu_worker.seeds import Seeds
 from resq.settings import Settings
 from resq.wire import GenerationJob
 
@@ -134,16 +135,20 @@ class Engine:
             )
         self.penalties: Penalties | None = None
         """Generated-token counts of penalised requests; None when this engine's step cannot apply them."""
+        self.seeds: Seeds | None = None
+        """Seeds and output positions of seeded requests; None when this engine's step cannot apply them."""
         if self._step_runs_eagerly(self._manager.continuous_batching_config):
             self.penalties = Penalties(self._vocab_size)
+            self.seeds = Seeds()
         self.fused_sampling = sampling_step.enable(
-            self._manager.logit_processor, self.constraints, self.penalties
+            self._manager.logit_processor, self.constraints, self.penalties, self.seeds
         )
         """Whether resq's sampling step replaces transformers' processors (False: an unexpected list)."""
         if not self.fused_sampling:
             # transformers' own step can neither mask nor penalise: such jobs are refused
             self.constraints = None
             self.penalties = None
+            self.seeds = None
 
     @staticmethod
     def _step_runs_eagerly(resolved: ContinuousBatchingConfig) -> bool:
@@ -239,6 +244,11 @@ class Engine:
         if penalised and self.penalties is not None:
             # Before add_request: the engine may schedule the request's first step at once.
             self.penalties.add(request_id, job.frequency_penalty, job.presence_penalty, generated or [])
+        if job.seed is not None:
+            if self.seeds is not None:
+                self.seeds.add(request_id, job.seed, len(generated or []))
+            else:  # best effort, as OpenAI's: the draw comes from the engine's shared stream
+                log.info("seed of %s not applied: this engine's step is not eager", request_id)
         if job.temperature < GREEDY_BELOW_TEMPERATURE:
             sampling: dict[str, Any] = {"temperature": 1.0, "top_k": 1, "top_p": 1.0}
         else:
@@ -271,6 +281,8 @@ class Engine:
             self.constraints.forget(request_id)
         if self.penalties is not None:
             self.penalties.forget(request_id)
+        if self.seeds is not None:
+            self.seeds.forget(request_id)
 
     def cached_tokens(self, request_id: str) -> int:
         """Prompt tokens of ``request_id`` whose KV blocks the engine reused instead of computing."""

@@ -33,6 +33,8 @@ from typing import Final, NamedTuple
 
 import torch
 
+from gpu_worker.seeds import SeededRow, seeded_race
+
 GREEDY_BELOW_TEMPERATURE: Final = 1e-5
 """Temperatures below this decode greedily, as in vLLM (``_SAMPLING_EPS``): they are greedy in
 all but rounding, and logits divided by 1e-40 overflow to infinity."""
@@ -60,17 +62,20 @@ def choose(
     *,
     graph_safe: bool = False,
     generator: torch.Generator | None = None,
+    seeded: list[SeededRow] | None = None,
 ) -> Choice:
     """The next token of every row of ``logits`` ([rows, vocab], float32), and which rows are finite.
 
     ``temperature`` and ``top_p`` are float32 [rows]; ``greedy`` is bool [rows] (its
     rows ignore the other two). ``generator`` is for tests: the draw is reproducible.
+    ``seeded``: rows whose draw uses noise of their own seed (:mod:`gpu_worker.seeds`).
     """
     best, greedy_tokens = logits.max(dim=-1)
+    race = seeded_race(logits.shape[0], logits.shape[1], logits.device, seeded, generator) if seeded else None
     if graph_safe:
         # Greedy rows get a harmless temperature; their draw is discarded below.
         safe_temperature = torch.where(greedy, torch.ones_like(temperature), temperature)
-        drawn = _draw(logits, safe_temperature, top_p, nucleus=True, generator=generator)
+        drawn = _draw(logits, safe_temperature, top_p, nucleus=True, generator=generator, race=race)
         finite = torch.isfinite(best / safe_temperature)
         return Choice(torch.where(greedy, greedy_tokens, drawn), finite)
     finite = torch.isfinite(best)
@@ -80,7 +85,14 @@ def choose(
     row_temperature = temperature[rows]
     row_top_p = top_p[rows]
     nucleus = bool((row_top_p < 1.0).any())
-    drawn = _draw(logits[rows], row_temperature, row_top_p, nucleus=nucleus, generator=generator)
+    drawn = _draw(
+        logits[rows],
+        row_temperature,
+        row_top_p,
+        nucleus=nucleus,
+        generator=generator,
+        race=race[rows] if race is not None else None,
+    )
     # A finite maximum may still overflow once divided by a small temperature.
     finite = finite.index_put((rows,), torch.isfinite(best[rows] / row_temperature))
     return Choice(greedy_tokens.index_put((rows,), drawn), finite)
@@ -94,9 +106,12 @@ def next_tokens(
     *,
     graph_safe: bool = False,
     generator: torch.Generator | None = None,
+    seeded: list[SeededRow] | None = None,
 ) -> torch.Tensor:
     """:attr:`Choice.tokens` of :func:`choose` (int64 [rows])."""
-    return choose(logits, temperature, top_p, greedy, graph_safe=graph_safe, generator=generator).tokens
+    return choose(
+        logits, temperature, top_p, greedy, graph_safe=graph_safe, generator=generator, seeded=seeded
+    ).tokens
 
 
 def _draw(
@@ -106,10 +121,11 @@ def _draw(
     *,
     nucleus: bool,
     generator: torch.Generator | None,
+    race: torch.Tensor | None = None,
 ) -> torch.Tensor:
     scaled = logits / temperature.unsqueeze(1)
     if not nucleus:
-        return _sample(torch.softmax(scaled, dim=-1), generator)
+        return _sample(torch.softmax(scaled, dim=-1), generator, race)
     ranked, order = torch.sort(scaled, dim=-1, descending=True)
     probs = torch.softmax(ranked, dim=-1)
     mass_above = probs.cumsum(dim=-1) - probs
@@ -117,11 +133,16 @@ def _draw(
     cut = (mass_above >= top_p.unsqueeze(1)) & (top_p < 1.0).unsqueeze(1)
     cut[:, 0] = False  # the most likely token stays, whatever top_p says
     probs = probs.masked_fill(cut, 0.0)
-    return order.gather(1, _sample(probs, generator).unsqueeze(1)).squeeze(1)
+    return order.gather(1, _sample(probs, generator, race).unsqueeze(1)).squeeze(1)
 
 
-def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def _sample(
+    probs: torch.Tensor, generator: torch.Generator | None, race: torch.Tensor | None
+) -> torch.Tensor:
     # torch.multinomial(probs, 1) draws argmax(probs / q), q ~ Exp(1): the same draw from the
     # same generator, without the check that syncs the host and fails the step on a NaN row.
+    # A given race (seeded rows' own noise) is the q, indexed by rank in the nucleus path.
+    if race is not None:
+        return (probs / race).argmax(dim=-1)
     race = torch.empty_like(probs).exponential_(generator=generator)
     return torch.div(probs, race, out=race).argmax(dim=-1)

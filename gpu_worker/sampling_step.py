@@ -69,6 +69,7 @@ from gpu_worker.penalties import Penalties
 from gpu_worker.raw_logprobs import chosen_token_logprobs
 from gpu_worker.runner_step import Step, wrap_step
 from gpu_worker.sampling import NON_FINITE_TOKEN, Choice, choose
+from gpu_worker.seeds import SeededRow, Seeds
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,7 @@ _MARK = "_resq_sampling_step"
 _PLAN = "_resq_sampling_rows"
 _CONSTRAINTS = "_resq_constraints"
 _PENALTIES = "_resq_penalties"
+_SEEDS = "_resq_seeds"
 
 
 @dataclass(frozen=True)
@@ -109,9 +111,10 @@ def enable(
     processors: ContinuousBatchingLogitsProcessorList,
     constraints: GrammarConstraints | None = None,
     penalties: Penalties | None = None,
+    seeds: Seeds | None = None,
 ) -> bool:
-    """Let the runners that use ``processors`` sample with resq's step (with ``constraints`` and
-    ``penalties``); False when it cannot."""
+    """Let the runners that use ``processors`` sample with resq's step (with ``constraints``,
+    ``penalties`` and ``seeds``); False when it cannot."""
     rows = argument_rows(processors)
     if rows is None:
         log.warning(
@@ -122,6 +125,7 @@ def enable(
     setattr(processors, _PLAN, rows)
     setattr(processors, _CONSTRAINTS, constraints)
     setattr(processors, _PENALTIES, penalties)
+    setattr(processors, _SEEDS, seeds)
     return True
 
 
@@ -131,14 +135,18 @@ def _row_request_ids(runner: Any) -> list[str]:
 
 
 def choose_tokens(
-    logits: torch.Tensor, arguments: torch.Tensor, rows: ArgumentRows, graph_safe: bool
+    logits: torch.Tensor,
+    arguments: torch.Tensor,
+    rows: ArgumentRows,
+    graph_safe: bool,
+    seeded: list[SeededRow] | None = None,
 ) -> Choice:
     """The next token of each row of ``logits`` [n, vocab] from the step's argument rows [k, >= n] (int32)."""
     count = logits.shape[0]
     temperature = arguments[rows.temperature, :count].view(dtype=torch.float32)
     top_p = arguments[rows.top_p, :count].view(dtype=torch.float32)
     greedy = arguments[rows.top_k, :count] == 1
-    return choose(logits, temperature, top_p, greedy, graph_safe=graph_safe)
+    return choose(logits, temperature, top_p, greedy, graph_safe=graph_safe, seeded=seeded)
 
 
 def reported_tokens(choice: Choice) -> torch.Tensor:
@@ -164,14 +172,22 @@ def install() -> None:
                 return
             constraints: GrammarConstraints | None = getattr(self.logit_processor, _CONSTRAINTS, None)
             penalties: Penalties | None = getattr(self.logit_processor, _PENALTIES, None)
+            seeds: Seeds | None = getattr(self.logit_processor, _SEEDS, None)
             constrained = None
             penalised = None
-            if (constraints is not None and len(constraints)) or (penalties is not None and len(penalties)):
+            seeded = None
+            if (
+                (constraints is not None and len(constraints))
+                or (penalties is not None and len(penalties))
+                or (seeds is not None and len(seeds))
+            ):
                 row_request_ids = _row_request_ids(self)
                 if constraints is not None and len(constraints):
                     constrained = constraints.start_masks(row_request_ids, output_ids.device)
                 if penalties is not None and len(penalties):
                     penalised = penalties.rows(row_request_ids, output_ids.device)
+                if seeds is not None and len(seeds):
+                    seeded = seeds.rows(row_request_ids)
             # As transformers' step (model_runner.py, 5.x), up to the processed logits.
             self.inputs_and_outputs.carry_over_tokens(
                 batch_data["input_ids"], carry_over_ids, prev_output_ids
@@ -191,7 +207,9 @@ def install() -> None:
                 scores = penalties.apply(penalised, scores)
             if constraints is not None and constrained is not None:
                 scores = constraints.apply(constrained, scores)
-            choice = choose_tokens(scores, batch_data["logits_processor_args"], rows, bool(self.pad_inputs))
+            choice = choose_tokens(
+                scores, batch_data["logits_processor_args"], rows, bool(self.pad_inputs), seeded
+            )
             tokens = choice.tokens
             reported = reported_tokens(choice)
             if constraints is not None and constrained is not None:

@@ -48,6 +48,8 @@ class GenerationJob(BaseModel):
     """Publish each sampled token's log-probability with the tokens."""
     grammar: str | None = None
     """The llguidance grammar every generated token must follow (:mod:`resq.grammars`); None: free."""
+    seed: int | None = None
+    """The request's sampling seed (:mod:`gpu_worker.seeds`); None: the engine's shared stream."""
     affinity_keys: list[str] = Field(default_factory=list)
     """The affinity keys the GPU worker that claims this job sets to itself (:mod:`resq.affinity`)."""
 

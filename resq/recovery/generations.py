@@ -237,7 +237,9 @@ def stage(pipe: AnyPipeline, job: GenerationJob, ttl_s: int, now_ms: int) -> Non
     pipe.hset(
         key,
         mapping={
-            "job": job.model_dump_json(),
+            # Fields at their defaults are left out: a GPU worker of an older release (a rolling
+            # upgrade) still reads every job that does not use a field it lacks.
+            "job": job.model_dump_json(exclude_defaults=True),
             "model": job.model,
             "prompt_tokens": len(job.prompt_token_ids),
             "state": PENDING,

@@ -386,3 +386,16 @@ def test_a_client_that_hangs_up_cancels_the_generation(
     pattern = re.compile(rf"(cancelled|no longer own) {response_id}")
     wait_until(lambda: pattern.search(gpu_worker.log_tail(2000)) is not None, 30, "the generation to stop")
     assert "generation ended: length, 600 tokens" not in gpu_worker.log_tail(2000)
+
+
+def test_a_seed_reproduces_a_sampled_completion(client: OpenAI) -> None:
+    request: dict[str, Any] = {"messages": messages("count"), "temperature": 1.8, "max_tokens": 24}
+    first = client.chat.completions.create(model=MODEL, seed=7, **request).choices[0].message.content
+    again = client.chat.completions.create(model=MODEL, seed=7, **request).choices[0].message.content
+    streamed = content(stream_chunks(client, seed=7, **request))
+    assert first == again == streamed
+    others = {
+        client.chat.completions.create(model=MODEL, seed=seed, **request).choices[0].message.content
+        for seed in range(8, 12)
+    }
+    assert others - {first}, "every seed drew the same completion"

@@ -726,35 +726,51 @@ CHAT_LONG = {
 """LONG as a chat completion: the same prompt, so the same greedy text."""
 
 
-def chat_stream_with_fault(client: OpenAI, fault: Callable[[str], None]) -> list[dict[str, Any]]:
+def chat_stream_with_fault(
+    client: OpenAI, fault: Callable[[str], None] | None, **overrides: Any
+) -> list[dict[str, Any]]:
     """Stream CHAT_LONG with the usage chunk, calling ``fault(response_id)`` after a few content chunks."""
     chunks: list[dict[str, Any]] = []
-    faulted = False
+    faulted = fault is None
     stream = client.chat.completions.create(
-        model=MODEL, stream=True, stream_options={"include_usage": True}, **CHAT_LONG
+        model=MODEL, stream=True, stream_options={"include_usage": True}, **{**CHAT_LONG, **overrides}
     )
     for chunk in stream:
         chunks.append(chunk.model_dump(mode="json"))
         contents = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
-        if not faulted and len(contents) >= DELTAS_BEFORE_FAULT:
+        if fault is not None and not faulted and len(contents) >= DELTAS_BEFORE_FAULT:
             fault("resp_" + chunk.id.removeprefix("chatcmpl-"))
             faulted = True
     assert faulted, "the completion ended before the fault"
     return chunks
 
 
-def check_chat_against(chunks: list[dict[str, Any]], reference: dict[str, Any]) -> None:
-    """Every chunk once: the content is the uninterrupted run's text, one finish, the usage last."""
-    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
-    expected = "".join(
-        part["text"] for item in reference["output"] if item["type"] == "message" for part in item["content"]
-    )
-    assert text == expected
+def _chat_text(chunks: list[dict[str, Any]]) -> str:
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+
+
+def check_chat_against(chunks: list[dict[str, Any]], expected: list[dict[str, Any]] | dict[str, Any]) -> None:
+    """Every chunk once: the text, the one finish and the usage of the uninterrupted run ``expected``
+    (its chunks, or the Responses reference of the same greedy request)."""
+    if isinstance(expected, dict):
+        text = "".join(
+            part["text"]
+            for item in expected["output"]
+            if item["type"] == "message"
+            for part in item["content"]
+        )
+        finish, tokens = "length", expected["usage"]["output_tokens"]
+    else:
+        text = _chat_text(expected)
+        finish = [c for c in expected if c["choices"]][-1]["choices"][0]["finish_reason"]
+        tokens = expected[-1]["usage"]["completion_tokens"]
+    assert _chat_text(chunks) == text
     assert [c["choices"][0]["delta"].get("role") for c in chunks if c["choices"]].count("assistant") == 1
     finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
-    assert finishes.count("length") == 1 and finishes[-1] == "length"
+    assert finishes.count(finish) == 1 and finishes[-1] == finish
+    assert len([reason for reason in finishes if reason is not None]) == 1
     assert chunks[-1]["choices"] == []
-    assert chunks[-1]["usage"]["completion_tokens"] == reference["usage"]["output_tokens"]
+    assert chunks[-1]["usage"]["completion_tokens"] == tokens
 
 
 def test_chat_stream_survives_a_post_process_worker_killed_mid_stream(
@@ -780,10 +796,14 @@ def test_chat_stream_survives_a_post_process_worker_killed_mid_stream(
     assert "taking over post-processing of" in survivor.log_tail(400)
 
 
+@pytest.mark.parametrize("sampling", ["greedy", "seeded"])
 def test_chat_stream_survives_a_gpu_worker_killed_mid_generation(
-    make_stack: StackFactory, references: References
+    make_stack: StackFactory, references: References, sampling: str
 ) -> None:
+    """Greedy: the text of an uninterrupted run. Seeded (temperature 2): the resumed request draws
+    from its seed at the positions it reached, so the text is that of an undisturbed seeded run."""
     stack = make_stack(gpu_workers=2)
+    seeded = {"temperature": 2.0, "seed": 11} if sampling == "seeded" else {}
     r = stack.redis
     seen: dict[str, Any] = {}
 
@@ -796,8 +816,12 @@ def test_chat_stream_survives_a_gpu_worker_killed_mid_generation(
         seen.update(victim=victim, response_id=response_id, generated=generated)
         wait_until(lambda: generation_field(r, response_id, "epoch") == "2", RECOVERY_BOUND_S, "a resume")
 
-    chunks = chat_stream_with_fault(stack.client(), kill_gpu_worker)
+    reference: list[dict[str, Any]] | dict[str, Any] = references(**LONG)
+    if seeded:
+        reference = chat_stream_with_fault(stack.client(), None, **seeded)
+        assert _chat_text(reference) != output_text(references(**LONG)), "the seeded run drew greedily"
+    chunks = chat_stream_with_fault(stack.client(), kill_gpu_worker, **seeded)
     assert 0 < seen["generated"] < LONG_TOKENS, seen
-    check_chat_against(chunks, references(**LONG))
+    check_chat_against(chunks, reference)
     survivor = next(worker for worker in stack.gpu_workers if worker is not seen["victim"])
     assert f"resuming {seen['response_id']} after" in survivor.log_tail(400)

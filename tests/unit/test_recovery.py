@@ -414,3 +414,38 @@ def test_reaper_frees_the_slots_of_vanished_and_ended_generations(r: redis.Redis
     reaper.reap_generations(now)
     assert r.zcard(keys.GENERATIONS) == 0
     assert admit(r, "resp_" + "c" * 32, 2) == 1
+
+
+def test_a_staged_job_leaves_defaults_out_so_an_older_gpu_worker_reads_it() -> None:
+    """A rolling upgrade: a GPU worker whose GenerationJob lacks a newer field (``seed`` here)
+    still reads every job that does not use it, and refuses one that does."""
+    from pydantic import ConfigDict
+
+    class OlderJob(GenerationJob):
+        model_config = ConfigDict(extra="forbid", frozen=True)
+
+    OlderJob.model_fields.pop("seed")
+    OlderJob.model_rebuild(force=True)
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.mapping: dict[str, str] = {}
+
+        def hset(self, _key: str, mapping: dict[str, str]) -> None:
+            self.mapping = mapping
+
+        def expire(self, *_args: object) -> None:
+            pass
+
+        def zadd(self, *_args: object, **_kwargs: object) -> None:
+            pass
+
+    plain, seeded = Recorder(), Recorder()
+    generations.stage(plain, job(), 60, 0)  # type: ignore[arg-type]
+    generations.stage(seeded, job().model_copy(update={"seed": 3}), 60, 0)  # type: ignore[arg-type]
+    assert OlderJob.model_validate_json(plain.mapping["job"]) == OlderJob.model_validate(
+        job().model_dump(exclude={"seed"})
+    )
+    with pytest.raises(ValueError, match="seed"):
+        OlderJob.model_validate_json(seeded.mapping["job"])
+    assert GenerationJob.model_validate_json(plain.mapping["job"]) == job()

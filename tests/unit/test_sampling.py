@@ -126,3 +126,59 @@ def test_choose_tokens_reads_transformers_argument_rows() -> None:
         tokens = choose_tokens(logits, arguments, rows, graph_safe).tokens
         # Rows 0 and 2 are greedy (top_k 1); row 1 samples from a nucleus of one token.
         assert tokens.tolist() == logits.argmax(dim=-1).tolist()
+
+
+# --- per-request seeds (gpu_worker/seeds.py) --------------------------------------------------------
+
+
+def test_a_seeded_row_draws_the_same_whatever_its_neighbours_and_the_shared_stream() -> None:
+    from gpu_worker.seeds import SeededRow, mixed_seed
+
+    torch.manual_seed(0)
+    row = torch.randn(1, 400)
+    draws = []
+    for neighbours in range(1, 5):
+        logits = torch.cat([torch.randn(neighbours, 400), row])
+        count = logits.shape[0]
+        temperature = torch.ones(count)
+        top_p = torch.full((count,), 0.9)
+        greedy = torch.zeros(count, dtype=torch.bool)
+        seeded = [SeededRow(neighbours, mixed_seed(1234, 7))]
+        generator = torch.Generator().manual_seed(neighbours * 31)
+        tokens = next_tokens(logits, temperature, top_p, greedy, generator=generator, seeded=seeded)
+        draws.append(int(tokens[neighbours]))
+    assert len(set(draws)) == 1, draws
+
+
+def test_seeded_draws_follow_the_distribution_and_differ_by_seed_and_position() -> None:
+    from gpu_worker.seeds import SeededRow, mixed_seed
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
+    one = torch.ones(1)
+    greedy = torch.zeros(1, dtype=torch.bool)
+    counts = [0, 0, 0]
+    for position in range(3000):
+        seeded = [SeededRow(0, mixed_seed(42, position))]
+        counts[int(next_tokens(logits, one, one, greedy, seeded=seeded)[0])] += 1
+    assert [round(count / 3000, 1) for count in counts] == [0.5, 0.3, 0.2]
+    assert len({mixed_seed(seed, position) for seed in range(50) for position in range(50)}) == 2500
+
+
+def test_seeds_advance_one_position_per_sampled_row_and_start_after_a_replay() -> None:
+    from gpu_worker.seeds import Seeds, mixed_seed
+
+    seeds = Seeds()
+    seeds.add("a", 5, 0)
+    seeds.add("b", 5, 3)  # resumed: 3 tokens were generated before
+    first = seeds.rows(["x", "a", "b"])
+    second = seeds.rows(["b", "a"])
+    assert [(entry.row, entry.generator_seed) for entry in first] == [
+        (1, mixed_seed(5, 0)),
+        (2, mixed_seed(5, 3)),
+    ]
+    assert [(entry.row, entry.generator_seed) for entry in second] == [
+        (0, mixed_seed(5, 4)),
+        (1, mixed_seed(5, 1)),
+    ]
+    seeds.forget("a")
+    assert len(seeds) == 1 and seeds.rows(["a"]) == []
