@@ -62,6 +62,14 @@ class GenerationService:
             self._dispatch(response_id)
             return
         claim = self._generations.claim(response_id, self._worker_id)
+        if claim.outcome == "unreadable" and claim.fence is not None:
+            message = f"This GPU worker cannot read the job ({claim.error}): is it of an older release?"
+            log.error("not generating %s: %s", response_id, message)
+            generated = len(self._generations.progress(response_id).token_ids)
+            self._publisher.finish_unstarted(
+                response_id, claim.fence, FinishEntry("error", 0, generated, message)
+            )
+            return
         if claim.fence is None or claim.job is None:
             log.info("not generating %s: %s", response_id, claim.outcome)
             if claim.outcome != "owned":

@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from pydantic import ValidationError
 from redis import Redis
 from redis.asyncio.client import Pipeline as AsyncPipeline
 from redis.client import Pipeline
@@ -170,7 +171,7 @@ return 1
 """
 
 AnyPipeline = Pipeline | AsyncPipeline
-ClaimOutcome = Literal["claimed", "owned", "finished", "failed", "missing"]
+ClaimOutcome = Literal["claimed", "unreadable", "owned", "finished", "failed", "missing"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +189,8 @@ class Claim:
     outcome: ClaimOutcome
     fence: Fence | None = None
     job: GenerationJob | None = None
+    error: str | None = None
+    """``unreadable``: why the job did not parse (claimed all the same, so that it can be ended)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,7 +343,13 @@ class Generations:
         name = outcome.decode()
         if name != "claimed":
             return Claim(name)
-        return Claim("claimed", Fence(worker_id, int(epoch)), GenerationJob.model_validate_json(job_json))
+        fence = Fence(worker_id, int(epoch))
+        try:
+            return Claim("claimed", fence, GenerationJob.model_validate_json(job_json))
+        except ValidationError as unreadable:
+            # A job of a newer release that uses a field this worker lacks (a rolling upgrade):
+            # the claim is held, so the caller ends it at once instead of leaving it to the watchdog.
+            return Claim("unreadable", fence, None, str(unreadable).splitlines()[0])
 
     def progress(self, response_id: str) -> Progress:
         """What the job's token stream holds (read after a claim: nobody else appends then)."""

@@ -449,3 +449,19 @@ def test_a_staged_job_leaves_defaults_out_so_an_older_gpu_worker_reads_it() -> N
     with pytest.raises(ValueError, match="seed"):
         OlderJob.model_validate_json(seeded.mapping["job"])
     assert GenerationJob.model_validate_json(plain.mapping["job"]) == job()
+
+
+def test_a_job_this_worker_cannot_read_is_claimed_as_unreadable_and_can_be_ended(r: redis.Redis) -> None:
+    """A job of a newer release using a field this worker lacks: held (so the worker ends it at
+    once with an error) instead of raising and leaving it to the 300 s watchdog."""
+    import json
+
+    gens = Generations(r, TTL_S)
+    stage(r, job())
+    staged = json.loads(r.hget(keys.generation(RESPONSE), "job") or b"{}")
+    r.hset(keys.generation(RESPONSE), "job", json.dumps({**staged, "a_future_field": 1}))
+    claim = gens.claim(RESPONSE, "gpu-1")
+    assert claim.outcome == "unreadable" and claim.fence == Fence("gpu-1", 1) and claim.job is None
+    assert claim.error is not None and "GenerationJob" in claim.error
+    assert publish(gens, r, claim.fence, FinishEntry("error", 0, 0, "unreadable"), 0) == APPENDED
+    assert field(r, "state") == "finished"
