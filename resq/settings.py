@@ -15,7 +15,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from resq.faults import FAULT_POINTS, FaultPoint
-from resq.postprocess.parsers import REASONING_PARSERS, TOOL_PARSERS
+from resq.postprocess.parsers import REASONING_FORMATS, REASONING_PARSERS, TOOL_CALL_FORMATS, TOOL_PARSERS
 
 BUILTIN_MODEL = "builtin"
 """Value of ``RESQ_MODEL`` (and its default) that selects the built-in tiny model."""
@@ -297,7 +297,8 @@ class Settings(BaseSettings):
     def _known_parser(cls, value: Any, info: Any) -> Any:
         if value is None or value == "":
             return None
-        known = REASONING_PARSERS if info.field_name == "reasoning_parser" else TOOL_PARSERS
+        # The registry's rows as they are now (a format registered after import counts too).
+        known = tuple(REASONING_FORMATS if info.field_name == "reasoning_parser" else TOOL_CALL_FORMATS)
         if value not in known:
             raise ValueError(
                 f"{value!r} is not a parser resq knows; use one of {', '.join(known)}, "

@@ -813,3 +813,51 @@ def test_both_protocols_carry_the_same_answer_for_any_chunking(data: st.DataObje
         for item in response["output"]:
             if item["type"] == "message":
                 assert stop[0] not in "".join(part["text"] for part in item["content"])
+
+
+# --- a newcomer's check: a tool-call format is one parser and one row ------------------------------
+
+
+class ToyCallParser:
+    """A toy format: a line ``CALL name {json}`` is a call, everything else is text."""
+
+    def __init__(self) -> None:
+        self._held = ""
+
+    def feed(self, text: str) -> list[Segment]:
+        self._held += text
+        out: list[Segment] = []
+        while "\n" in self._held:
+            line, self._held = self._held.split("\n", 1)
+            out += self._line(line + "\n")
+        return out
+
+    def finish(self) -> list[Segment]:
+        held, self._held = self._held, ""
+        return self._line(held) if held else []
+
+    def _line(self, line: str) -> list[Segment]:
+        if line.startswith("CALL "):
+            name, arguments = line[5:].strip().split(" ", 1)
+            return [ToolCallSegment(name, arguments)]
+        return [TextSegment(line)]
+
+
+def test_a_new_tool_call_format_is_one_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    from resq.grammars import CallEnvelope
+    from resq.postprocess import parsers
+    from resq.settings import Settings
+
+    row = parsers.ToolCallFormat(
+        make=lambda _raw: ToyCallParser(),
+        envelope=CallEnvelope("CALL ", "\n"),
+        forced_opening=lambda name: f"CALL {name} " if name else "CALL ",
+    )
+    monkeypatch.setitem(parsers.TOOL_CALL_FORMATS, "toy", row)
+    assert Settings(tool_parser="toy").tool_parser == "toy"
+    chain = make_parser(ProcessingOptions(model="m", tool_parser="toy", tools_enabled=True))
+    segments = chain.feed('Let me look.\nCALL get_weather {"city": "Oslo"}\n') + chain.finish()
+    assert [type(segment).__name__ for segment in segments] == ["TextSegment", "ToolCallSegment"]
+    assert segments[1] == ToolCallSegment("get_weather", '{"city": "Oslo"}')
+    assert forced_call_prefix(None, "toy", "get_weather") == "CALL get_weather "
+    assert call_end_tag("toy") == "\n"
