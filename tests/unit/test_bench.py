@@ -293,3 +293,12 @@ def test_agent_loop_reads_events_from_sse_frames_and_skips_done_and_pings() -> N
     }
     assert event_of_frame(b"data: [DONE]") is None
     assert event_of_frame(b": ping") is None
+
+
+def test_the_warm_up_includes_a_round_as_wide_as_the_widest_measured_one() -> None:
+    from bench.plan import Plan
+    from bench.runner import WARMUP_CONCURRENCY, warm_up_widths
+
+    assert warm_up_widths(Plan()) == (WARMUP_CONCURRENCY, 64)
+    narrow = Plan(b1_concurrencies=(1, 4), b4_concurrencies=(1,))
+    assert warm_up_widths(narrow) == (WARMUP_CONCURRENCY,)
