@@ -28,7 +28,8 @@ class Plan:
     b4_min_tokens: int = 2048
     """Each B4 client repeats requests until the run streamed this many tokens (CPU clock resolution)."""
     b4_floor_interval_s: float = 0.002
-    capacity_streams: int = 1000
+    capacity_streams: int = 4000
+    """B4: streams the held-streams case opens against one API process (its target is as many)."""
     b5_clients: int = 32
     """B5: streaming clients of each kind (structured, plain) per round."""
     b5_tokens: int = 128
