@@ -59,6 +59,8 @@ class ResqStack:
     postprocess_workers: int = 2
     gpu_worker_env: dict[str, str] = field(default_factory=dict)
     """Extra settings of the GPU worker (B5 gives it a metrics port)."""
+    gpu_workers: int = 1
+    """GPU worker processes (the affinity bench runs two)."""
     procs: list[Proc] = field(default_factory=list)
     api: Proc | None = None
     base_url: str = ""
@@ -66,11 +68,11 @@ class ResqStack:
     def start(self) -> None:
         """Start every process (does not wait; see :meth:`wait_ready`)."""
         env = resq_env(self.redis_url, self.model, RESQ_POSTPROCESS_WORKERS=str(self.postprocess_workers))
-        self.procs.append(
-            self.group.start_role(
-                "gpu-worker", f"{self.model.key}-gpu-worker", {**env, **engine_env(), **self.gpu_worker_env}
+        for index in range(self.gpu_workers):
+            name = f"{self.model.key}-gpu-worker" + (f"-{index}" if index else "")
+            self.procs.append(
+                self.group.start_role("gpu-worker", name, {**env, **engine_env(), **self.gpu_worker_env})
             )
-        )
         for index in range(self.postprocess_workers):
             self.procs.append(
                 self.group.start_role("postprocess-worker", f"{self.model.key}-postprocess-{index}", env)

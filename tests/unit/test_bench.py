@@ -302,3 +302,20 @@ def test_the_warm_up_includes_a_round_as_wide_as_the_widest_measured_one() -> No
     assert warm_up_widths(Plan()) == (WARMUP_CONCURRENCY, 64)
     narrow = Plan(b1_concurrencies=(1, 4), b4_concurrencies=(1,))
     assert warm_up_widths(narrow) == (WARMUP_CONCURRENCY,)
+
+
+def test_the_affinity_hit_rate_is_read_from_the_api_metrics() -> None:
+    from bench.affinity import hit_rate, routed_counts
+
+    page = (
+        "# HELP resq_affinity_routed_total ...\n"
+        'resq_affinity_routed_total{outcome="hit"} 144.0\n'
+        'resq_affinity_routed_total{outcome="none"} 16.0\n'
+        'resq_affinity_routed_total{outcome="fallback"} 0.0\n'
+        'resq_affinity_routed_created{outcome="hit"} 1.7e+09\n'
+    )
+    counts = routed_counts(page)
+    assert counts == {"hit": 144.0, "none": 16.0, "fallback": 0.0}
+    assert hit_rate({}, counts) == 0.9
+    assert hit_rate(counts, counts) is None
+    assert hit_rate({"hit": 100.0}, {"hit": 110.0, "fallback": 10.0}) == 0.5
