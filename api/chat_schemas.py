@@ -27,6 +27,7 @@ from api.schemas import (
     JsonObjectFormat,
     NotServed,
     PlainTextFormat,
+    RefusedType,
     RefusingBranch,
     _Strict,
     check_raw_body,
@@ -52,15 +53,10 @@ class ChatRefusalPart(_Strict):
     refusal: str
 
 
-class ChatUnsupportedPart(RefusingBranch):
+class ChatUnsupportedPart(RefusedType):
     """Images, audio and files: refused, naming the part's type."""
 
-    type: str
-
-    @field_validator("type")
-    @classmethod
-    def _refuse(cls, value: str) -> str:
-        raise unsupported(f"Content parts of type {value!r}")
+    refused_kind = "Content parts"
 
 
 def _part_tag(value: Any) -> str:
@@ -225,15 +221,10 @@ def _format_tag(value: Any) -> str:
     return kind if kind in ("text", "json_object", "json_schema") else "other"
 
 
-class UnsupportedFormat(RefusingBranch):
+class UnsupportedFormat(RefusedType):
     """A ``response_format`` type resq does not know."""
 
-    type: str
-
-    @field_validator("type")
-    @classmethod
-    def _refuse(cls, value: str) -> str:
-        raise unsupported(f"response_format of type {value!r}")
+    refused_kind = "response_format"
 
 
 ResponseFormat = Annotated[

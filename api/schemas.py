@@ -9,7 +9,7 @@ fields, as the SDK omits what the caller leaves out anyway.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -116,6 +116,19 @@ class RefusingBranch(BaseModel):
         return {"not": {}}
 
 
+class RefusedType(RefusingBranch):
+    """A refusing branch picked by its ``type``: "<refused_kind> of type '<type>' is not supported"."""
+
+    refused_kind: ClassVar[str]
+
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _refuse(cls, value: str) -> str:
+        raise unsupported(f"{cls.refused_kind} of type {value!r}")
+
+
 # --- content parts -------------------------------------------------------------------------------
 
 
@@ -142,15 +155,10 @@ class RefusalPart(_Strict):
     refusal: str
 
 
-class UnsupportedPart(RefusingBranch):
+class UnsupportedPart(RefusedType):
     """Images, files and audio: resq serves text-only models."""
 
-    type: str
-
-    @field_validator("type")
-    @classmethod
-    def _refuse(cls, value: str) -> str:
-        raise unsupported(f"Content of type {value!r}")
+    refused_kind = "Content"
 
 
 def _part_tag(value: Any) -> str:
@@ -244,15 +252,10 @@ class CompactionItem(_Strict):
     created_by: str | None = None
 
 
-class UnsupportedItem(RefusingBranch):
+class UnsupportedItem(RefusedType):
     """Built-in tool calls and other items resq has no tools for."""
 
-    type: str
-
-    @field_validator("type")
-    @classmethod
-    def _refuse(cls, value: str) -> str:
-        raise unsupported(f"Input items of type {value!r}")
+    refused_kind = "Input items"
 
 
 class CustomToolCallItem(_Strict):
@@ -518,15 +521,10 @@ class AllowedToolsChoice(_Strict):
     tools: list[AllowedToolRef]
 
 
-class UnsupportedToolChoice(RefusingBranch):
+class UnsupportedToolChoice(RefusedType):
     """Tool choices that name a hosted tool: resq cannot make the model call what it does not run."""
 
-    type: str
-
-    @field_validator("type")
-    @classmethod
-    def _refuse(cls, value: str) -> str:
-        raise unsupported(f"tool_choice of type {value!r}")
+    refused_kind = "tool_choice"
 
 
 def _tool_choice_tag(value: Any) -> str:
