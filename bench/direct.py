@@ -6,15 +6,30 @@ worker: it loads the model the same way, builds the same :class:`Engine`
 per-request sampling), then answers JSON-line commands on stdin, one result
 line on stdout per command. It renders prompts with resq's own chat template,
 so it decodes exactly the prompt ids the API would send.
+
+With ``--upstream`` it drives transformers' own continuous batching instead
+(:class:`UpstreamEngine`): the same model, cache and batch sizes, greedy through
+transformers' generation config, and none of the GPU worker's changes to the step
+(its sampling step, raw logprobs, prefix-cache accounting), so the bench measures
+both what the queue costs and what resq's engine changes gain.
 """
 
 from __future__ import annotations
 
 import json
+import queue
 import sys
+import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers.generation.continuous_batching.requests import GenerationOutput
+
+    from gpu_worker.model_loading import LoadedModel
+    from resq.settings import Settings
+    from resq.wire import GenerationJob
 
 RESULT_PREFIX = "BENCH-RESULT "
 
@@ -28,10 +43,85 @@ class _Timing:
     finished: bool = False
 
 
-def _serve() -> None:
+class UpstreamEngine:
+    """transformers' continuous batching as it ships: what the direct loop needs of an engine.
+
+    Built without :class:`gpu_worker.engine.Engine`, whose construction installs resq's
+    step wrappers; nothing here imports them. Every request is greedy, as the bench's are.
+    """
+
+    def __init__(self, loaded: LoadedModel, settings: Settings) -> None:
+        from transformers import ContinuousBatchingConfig, GenerationConfig
+
+        self._slots = threading.BoundedSemaphore(settings.max_batch)
+        generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
+            do_sample=False,
+            max_new_tokens=settings.default_max_output_tokens,
+            eos_token_id=list(loaded.card.eos_token_ids) or -1,
+            pad_token_id=loaded.tokenizer.pad_token_id,
+        )
+        cache_tokens = settings.kv_cache_tokens or 16384
+        batching = ContinuousBatchingConfig(
+            page_size=settings.kv_page_size,
+            num_blocks=-(-cache_tokens // settings.kv_page_size),
+            max_batch_tokens=settings.max_batch_tokens,
+            max_requests_per_batch=settings.max_batch,
+        )
+        self._manager = loaded.model.init_continuous_batching(  # type: ignore[operator]
+            generation_config=generation_config, continuous_batching_config=batching
+        )
+
+    def start(self) -> None:
+        """Start transformers' generation thread."""
+        import torch
+
+        with torch.inference_mode():
+            self._manager.start()
+
+    def stop(self) -> None:
+        """Stop the generation thread."""
+        if self._manager.is_running():
+            self._manager.stop(block=True, timeout=10)
+
+    def is_running(self) -> bool:
+        """Whether the generation thread is alive."""
+        return bool(self._manager.is_running())
+
+    def acquire_slot(self, timeout_s: float) -> bool:
+        """Wait for room in the batch (the same bound as the GPU worker's)."""
+        return bool(self._slots.acquire(timeout=timeout_s))
+
+    def release_slot(self) -> None:
+        """Give back a finished request's slot."""
+        self._slots.release()
+
+    def add(self, job: GenerationJob) -> None:
+        """Queue ``job``'s prompt, streamed, with transformers' own sampling (greedy)."""
+        self._manager.add_request(
+            job.prompt_token_ids,
+            request_id=job.response_id,
+            max_new_tokens=job.max_output_tokens,
+            streaming=True,
+        )
+
+    def next_outputs(self, timeout_s: float) -> list[GenerationOutput]:
+        """Outputs since the last call, waiting up to ``timeout_s`` for the first."""
+        outputs: list[GenerationOutput] = []
+        output_queue = self._manager.output_router.output_queue
+        try:
+            outputs.append(output_queue.get(timeout=timeout_s))
+        except queue.Empty:
+            return outputs
+        while True:
+            try:
+                outputs.append(output_queue.get_nowait())
+            except queue.Empty:
+                return outputs
+
+
+def _serve(upstream: bool) -> None:
     from tokenizers import Tokenizer
 
-    from gpu_worker.engine import Engine
     from gpu_worker.model_loading import load_model
     from resq.catalog import TextTokenizer
     from resq.settings import load_settings
@@ -40,7 +130,13 @@ def _serve() -> None:
     settings = load_settings()
     loaded = load_model(settings)
     tokenizer = TextTokenizer(loaded.card, Tokenizer.from_str(loaded.tokenizer_json))
-    engine = Engine(loaded, settings)
+    engine: Any
+    if upstream:
+        engine = UpstreamEngine(loaded, settings)
+    else:
+        from gpu_worker.engine import Engine
+
+        engine = Engine(loaded, settings)
     engine.start()
     counter = 0
     print(RESULT_PREFIX + json.dumps({"ready": True}), flush=True)
@@ -101,4 +197,4 @@ def _serve() -> None:
 
 
 if __name__ == "__main__":
-    _serve()
+    _serve(upstream="--upstream" in sys.argv[1:])

@@ -53,11 +53,11 @@ class Plan:
     def runs(self) -> int:
         """How many measured runs the plan makes (the progress bar's total)."""
         per_model = 0
-        http_systems = 3 if self.with_serve else 2
         if "B1" in self.scenarios:
-            per_model += len(self.b1_concurrencies) * http_systems
+            # resq, the GPU worker's engine, upstream transformers; transformers serve twice
+            per_model += len(self.b1_concurrencies) * (5 if self.with_serve else 3)
         if "B2" in self.scenarios:
-            per_model += http_systems
+            per_model += 3 if self.with_serve else 2
         total = per_model * len(self.models) * self.rounds
         if "B3" in self.scenarios:
             total += 3 * self.rounds

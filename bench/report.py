@@ -9,10 +9,6 @@ from typing import Literal
 from bench.results import ResultSet
 from bench.stats import median
 
-TARGET_MODEL = "bench"
-"""Targets of B1 and B2 are judged on the model whose step costs what a GPU step costs."""
-
-
 HELD_STREAMS_TARGET = 4000
 """B4: streams one API process must hold open at once (issue 16 raised it from 1,000)."""
 
@@ -105,35 +101,117 @@ def _concurrencies(results: ResultSet, scenario: str, model: str = "") -> list[i
     )
 
 
+B1_THROUGHPUT_SYSTEMS = (
+    ("resq", "resq"),
+    ("direct", "direct (resq's engine)"),
+    ("upstream", "upstream transformers"),
+    ("serve", "serve (resq's sizes)"),
+    ("serve-defaults", "serve (its defaults)"),
+)
+"""B1's systems and their column names."""
+B1_RATIOS = (
+    ("resq", "direct"),
+    ("resq", "upstream"),
+    ("direct", "upstream"),
+    ("resq", "serve"),
+    ("resq", "serve-defaults"),
+)
+"""B1's paired ratios: the queue's cost (resq / each engine alone), resq's engine changes
+(direct / upstream) and resq against ``transformers serve`` at both settings."""
+
+
 def b1_table(results: ResultSet) -> Table:
-    """B1: end-to-end output tokens/s against the direct engine and ``transformers serve``."""
+    """B1: end-to-end output tokens/s of resq and every baseline (medians of rounds)."""
     rows = []
     for model in _models(results, "B1"):
         for clients in _concurrencies(results, "B1", model):
-            resq = results.scalar("B1", "resq", "tok_s", model, clients)
-            direct = results.scalar("B1", "direct", "tok_s", model, clients)
-            serve = results.scalar("B1", "serve", "tok_s", model, clients)
             rows.append(
-                [
-                    model,
-                    str(clients),
-                    fmt(resq),
-                    fmt(direct),
-                    fmt(serve),
-                    fmt_paired(results.per_round_ratios("B1", "resq", "direct", "tok_s", model, clients)),
-                    fmt_paired(results.per_round_ratios("B1", "resq", "serve", "tok_s", model, clients)),
+                [model, str(clients)]
+                + [
+                    fmt(results.scalar("B1", system, "tok_s", model, clients))
+                    for system, _ in B1_THROUGHPUT_SYSTEMS
+                ]
+            )
+    headers = ["model", "clients"] + [f"{label} tok/s" for _, label in B1_THROUGHPUT_SYSTEMS]
+    return Table("B1 throughput (output tokens/s, median of rounds)", headers, rows)
+
+
+def b1_ratio_table(results: ResultSet) -> Table:
+    """B1's ratios, each the median of per-round ratios, printed with the rounds' own."""
+    rows = []
+    for model in _models(results, "B1"):
+        for clients in _concurrencies(results, "B1", model):
+            rows.append(
+                [model, str(clients)]
+                + [
+                    fmt_paired(results.per_round_ratios("B1", a, b, "tok_s", model, clients))
+                    for a, b in B1_RATIOS
+                ]
+            )
+    headers = ["model", "clients"] + [f"{a} / {b}" for a, b in B1_RATIOS]
+    return Table("B1 ratios (tokens/s, per round -> median)", headers, rows)
+
+
+B7_SYSTEMS = ("resq", "serve", "serve-defaults")
+
+
+def b7_table(results: ResultSet) -> Table:
+    """B7: CPU per streamed token outside the engine thread, resq against ``transformers serve``."""
+    rows = []
+    for model in _models(results, "B1"):
+        for clients in _concurrencies(results, "B1", model):
+            server = [
+                results.scalar("B1", system, "server_cpu_us_per_token", model, clients)
+                for system in B7_SYSTEMS
+            ]
+            if all(value is None for value in server):
+                continue
+            engine = [
+                results.scalar("B1", system, "engine_cpu_us_per_token", model, clients)
+                for system in B7_SYSTEMS
+            ]
+            rows.append(
+                [model, str(clients)]
+                + [fmt(value) for value in server]
+                + [fmt(value) for value in engine]
+                + [
+                    fmt_paired(
+                        results.per_round_ratios(
+                            "B1", "resq", peer, "server_cpu_us_per_token", model, clients
+                        )
+                    )
+                    for peer in ("serve", "serve-defaults")
                 ]
             )
     headers = [
-        "model",
-        "clients",
-        "resq tok/s",
-        "direct tok/s",
-        "serve tok/s",
-        "resq / direct (per round -> median)",
-        "resq / serve (per round -> median)",
-    ]
-    return Table("B1 throughput (output tokens/s, median of rounds; ratios paired per round)", headers, rows)
+        "model", "clients",
+        "resq us/token", "serve", "serve (defaults)",
+        "engine thread: resq", "serve", "serve (defaults)",
+        "resq / serve", "resq / serve (defaults)",
+    ]  # fmt: skip
+    return Table(
+        "B7 CPU per streamed token outside the engine thread (us, median of rounds; every resq process and Redis)",
+        headers,
+        rows,
+    )
+
+
+B7_RESQ_ROLES = ("api", "postprocess", "gpu-worker", "redis")
+
+
+def b7_breakdown_table(results: ResultSet) -> Table:
+    """B7's resq figure by process role (the GPU worker's without its engine thread)."""
+    rows = []
+    for model in _models(results, "B1"):
+        for clients in _concurrencies(results, "B1", model):
+            cells = [
+                results.scalar("B1", "resq", f"server_cpu_us_per_token:{role}", model, clients)
+                for role in B7_RESQ_ROLES
+            ]
+            if any(value is not None for value in cells):
+                rows.append([model, str(clients), *(fmt(value) for value in cells)])
+    headers = ["model", "clients", "API", "post-process workers", "GPU worker (not the engine)", "Redis"]
+    return Table("B7 resq by process (us per streamed token, median of rounds)", headers, rows)
 
 
 def ttft_ms(results: ResultSet, system: str, model: str, clients: int, q: float) -> float | None:
@@ -179,6 +257,8 @@ def b2_table(results: ResultSet) -> Table:
 def b3_table(results: ResultSet) -> Table:
     """B3: events/s of one and two post-process workers and of the builder alone."""
     rows = []
+    if not results.matching("B3", "pp1", "tiny"):
+        return Table("B3 post-processing", [], [])
     for system, label in (
         ("builder", "event builder alone (in-process loop)"),
         ("pp1", "1 post-process worker"),
@@ -274,24 +354,30 @@ def b5_table(results: ResultSet) -> Table:
 
 
 def targets(results: ResultSet) -> list[Target]:
-    """Every target of the issue with its measurement."""
-    model = TARGET_MODEL if TARGET_MODEL in _models(results, "B1") else "tiny"
-    found = [
-        Target(f"B1 {model} 32 clients: resq / direct engine (median of per-round ratios)", results.paired_ratio("B1", "resq", "direct", "tok_s", model, 32), 0.8, "min", "x"),
-        Target(f"B1 {model} 32 clients: resq / transformers serve (median of per-round ratios)", results.paired_ratio("B1", "resq", "serve", "tok_s", model, 32), 1.5, "min", "x"),
-        Target(f"B2 {model} 1 client: TTFT overhead p50", _difference(ttft_ms(results, "resq", model, 1, 50), ttft_ms(results, "direct", model, 1, 50)), 5.0, "max", " ms"),
-        Target(f"B2 {model} 1 client: TTFT overhead p99", _difference(ttft_ms(results, "resq", model, 1, 99), ttft_ms(results, "direct", model, 1, 99)), 20.0, "max", " ms"),
+    """Every target of the issue with its measurement; B1 and B2 on every model that ran."""
+    found: list[Target] = []
+    for model in _models(results, "B1") or _models(results, "B2"):
+        for engine, label in (("direct", "direct engine"), ("upstream", "upstream transformers")):
+            found.append(Target(f"B1 {model} 32 clients: resq / {label} (median of per-round ratios)", results.paired_ratio("B1", "resq", engine, "tok_s", model, 32), 0.8, "min", "x"))  # fmt: skip
+        for serve, label in (("serve", "transformers serve (resq's sizes)"), ("serve-defaults", "transformers serve (its defaults)")):  # fmt: skip
+            found.append(Target(f"B1 {model} 32 clients: resq / {label} (median of per-round ratios)", results.paired_ratio("B1", "resq", serve, "tok_s", model, 32), 1.5, "min", "x"))  # fmt: skip
+        found += [
+            Target(f"B2 {model} 1 client: TTFT overhead p50", _difference(ttft_ms(results, "resq", model, 1, 50), ttft_ms(results, "direct", model, 1, 50)), 5.0, "max", " ms"),
+            Target(f"B2 {model} 1 client: TTFT overhead p99", _difference(ttft_ms(results, "resq", model, 1, 99), ttft_ms(results, "direct", model, 1, 99)), 20.0, "max", " ms"),
+        ]  # fmt: skip
+    found += [
         Target("B3: 2 workers / 1 worker (median of per-round ratios)", results.paired_ratio("B3", "pp2", "pp1", "events_s", "tiny"), 1.7, "min", "x"),
         Target("B3: 1 worker / builder alone (median of per-round ratios)", results.paired_ratio("B3", "pp1", "builder", "events_s", "tiny"), 0.6, "min", "x"),
     ]  # fmt: skip
-    for clients in _concurrencies(results, "B4", "tiny"):
+    for clients in _concurrencies(results, "B4", "tiny")[-1:]:  # the issue's target is at the widest load
+        ratios = results.per_round_ratios("B4", "resq", "floor", "cpu_us_per_token", "tiny", clients)
         found.append(
             Target(
-                f"B4 {clients} clients: API CPU per token",
-                results.scalar("B4", "resq", "cpu_us_per_token", "tiny", clients),
-                10.0,
+                f"B4 {clients} clients: API CPU per token / bare relay floor (median of per-round ratios)",
+                median(ratios) if ratios else None,
+                2.0,
                 "max",
-                " us",
+                "x",
             )
         )
     for record in results.matching("B4cap", "resq", "tiny"):
@@ -300,6 +386,9 @@ def targets(results: ResultSet) -> list[Target]:
         )
     for model in _models(results, "B5"):
         found.append(Target(f"B5 {model}: structured / plain (median of per-round ratios)", b5_ratio(results, model), 0.85, "min", "x"))  # fmt: skip
+    if results.matching("B1", "resq", "tiny", 32):
+        for serve, label in (("serve", "resq's sizes"), ("serve-defaults", "its defaults")):
+            found.append(Target(f"B7 tiny 32 clients: CPU per token outside the engine, resq / transformers serve ({label})", results.paired_ratio("B1", "resq", serve, "server_cpu_us_per_token", "tiny", 32), 1.0, "max", "x"))  # fmt: skip
     return found
 
 
@@ -319,9 +408,12 @@ def all_tables(results: ResultSet) -> list[Table]:
     tables = [
         targets_table(targets(results)),
         b1_table(results),
+        b1_ratio_table(results),
         b2_table(results),
         b3_table(results),
         b4_table(results),
         b5_table(results),
+        b7_table(results),
+        b7_breakdown_table(results),
     ]
     return [table for table in tables if table.rows]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import platform
 import subprocess
@@ -19,14 +20,14 @@ from redis import Redis
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from bench import capacity, clients, postprocess, structured
+from bench import capacity, clients, cpu_accounting, postprocess, structured
 from bench.clients import StreamTiming
 from bench.models import BenchModel, ensure_bench, ensure_tiny
 from bench.plan import Plan
 from bench.procs import ProcGroup, free_port, http_ok, wait_until
 from bench.results import ResultSet, RunRecord
 from bench.stats import alternated
-from bench.systems import DirectEngine, Floor, ResqStack, TransformersServe, resq_env
+from bench.systems import DirectEngine, Floor, HttpSystems, ResqStack, TransformersServe, resq_env
 from bench.token_streams import make_streams
 from resq import keys
 from resq.celery_app import make_celery
@@ -95,6 +96,7 @@ class BenchRun:
         self._progress: Progress | None = None
         self._task: Any = None
         self._runner: asyncio.Runner | None = None
+        self._b7_unmeasured = False
 
     # --- plumbing ------------------------------------------------------------------------------
 
@@ -210,12 +212,22 @@ class BenchRun:
     def _http_part(self, redis_url: str, model: BenchModel, compare: bool, api_cpu: bool) -> None:
         """B1 and B2 (``compare``) and B4's API CPU (``api_cpu``) on ``model``, all systems up at once."""
         plan = self.plan
-        stack = ResqStack(self._group, redis_url, model)
-        direct = DirectEngine(self._group, redis_url, model) if compare else None
-        serve = TransformersServe(self._group, model) if compare and plan.with_serve else None
+        up = HttpSystems(
+            stack=ResqStack(self._group, redis_url, model),
+            direct=DirectEngine(self._group, redis_url, model) if compare else None,
+            upstream=DirectEngine(self._group, redis_url, model, upstream=True) if compare else None,
+            serve=TransformersServe(self._group, model) if compare and plan.with_serve else None,
+            serve_defaults=(
+                TransformersServe(self._group, model, own_defaults=True)
+                if compare and plan.with_serve
+                else None
+            ),
+        )
         floor = Floor(self._group) if api_cpu else None
         started: list[ResqStack | DirectEngine | TransformersServe | Floor] = [
-            system for system in (stack, direct, serve, floor) if system is not None
+            system
+            for system in (up.stack, up.direct, up.upstream, up.serve, up.serve_defaults, floor)
+            if system is not None
         ]
         self._step(f"{model.key}: starting " + ", ".join(type(process).__name__ for process in started))
         for process in started:
@@ -224,78 +236,68 @@ class BenchRun:
         try:
             for process in started:
                 process.wait_ready()
+            up.redis_pid = cpu_accounting.redis_server_pid(Redis.from_url(redis_url).info("server"))
             self.note(f"{model.key}: every system is up; warming up")
-            self._warm_up(client, stack, direct, serve)
-            systems = ["resq", "direct"] + (["serve"] if serve is not None else [])
+            self._warm_up(client, up)
             for round_index in range(plan.rounds):
                 if compare and "B1" in plan.scenarios:
-                    assert direct is not None
                     for concurrency in plan.b1_concurrencies:
-                        for system in alternated(systems, round_index):
+                        for system in alternated(up.b1_systems(), round_index):
                             self._step(f"B1 {model.key} round {round_index + 1}: {system} x{concurrency}")
-                            self._b1(client, system, model, concurrency, round_index, stack, direct, serve)
+                            self._b1(client, system, model, concurrency, round_index, up)
                             self._advance()
                 if compare and "B2" in plan.scenarios:
-                    assert direct is not None
-                    for system in alternated(systems, round_index):
+                    for system in alternated(up.b2_systems(), round_index):
                         self._step(f"B2 {model.key} round {round_index + 1}: {system} TTFT probes")
-                        self._b2(client, system, model, round_index, stack, direct, serve)
+                        self._b2(client, system, model, round_index, up)
                         self._advance()
                 if floor is not None:
                     for concurrency in plan.b4_concurrencies:
                         for system in alternated(["resq", "floor"], round_index):
                             self._step(f"B4 round {round_index + 1}: {system} API CPU x{concurrency}")
-                            self._b4(client, system, concurrency, round_index, stack, floor)
+                            self._b4(client, system, concurrency, round_index, up.stack, floor)
                             self._advance()
         finally:
             self._await(client.aclose())
             for process in reversed(started):
                 process.stop()
 
-    def _warm_up(
-        self,
-        client: httpx.AsyncClient,
-        stack: ResqStack,
-        direct: DirectEngine | None,
-        serve: TransformersServe | None,
-    ) -> None:
-        model = stack.model
+    def _warm_up(self, client: httpx.AsyncClient, up: HttpSystems) -> None:
+        model = up.stack.model
         for width in warm_up_widths(self.plan):
             self._await(
                 clients.concurrently(
                     width,
-                    lambda: clients.resq_stream(client, stack.base_url, model.served_name, WARMUP_TOKENS),
+                    lambda: clients.resq_stream(client, up.stack.base_url, model.served_name, WARMUP_TOKENS),
                 )
             )
-            if direct is not None:
-                direct.run(width, WARMUP_TOKENS)
-            if serve is not None:
-                # The first request makes transformers serve build its batching manager: tens of seconds.
-                self._await(
-                    clients.concurrently(
-                        width,
-                        lambda: clients.serve_stream(client, serve.base_url, serve.model_id, WARMUP_TOKENS),
+            for engine in (up.direct, up.upstream):
+                if engine is not None:
+                    engine.run(width, WARMUP_TOKENS)
+            for serve in (up.serve, up.serve_defaults):
+                if serve is not None:
+                    # The first request makes transformers serve build its batching manager: tens of seconds.
+                    self._await(
+                        clients.concurrently(
+                            width,
+                            functools.partial(
+                                clients.serve_stream, client, serve.base_url, serve.model_id, WARMUP_TOKENS
+                            ),
+                        )
                     )
-                )
 
     def _http_streams(
-        self,
-        client: httpx.AsyncClient,
-        system: str,
-        concurrency: int,
-        tokens: int,
-        stack: ResqStack,
-        serve: TransformersServe | None,
+        self, client: httpx.AsyncClient, system: str, concurrency: int, tokens: int, up: HttpSystems
     ) -> tuple[list[StreamTiming], float]:
         if system == "resq":
-            name = stack.model.served_name
+            name = up.stack.model.served_name
             result: tuple[list[StreamTiming], float] = self._await(
                 clients.concurrently(
-                    concurrency, lambda: clients.resq_stream(client, stack.base_url, name, tokens)
+                    concurrency, lambda: clients.resq_stream(client, up.stack.base_url, name, tokens)
                 )
             )
             return result
-        assert serve is not None
+        serve = up.serve_of(system)
         result = self._await(
             clients.concurrently(
                 concurrency, lambda: clients.serve_stream(client, serve.base_url, serve.model_id, tokens)
@@ -313,6 +315,16 @@ class BenchRun:
             )
         return len(bad)
 
+    def _engine_threads(self, meter: cpu_accounting.CpuMeter, system: str) -> set[tuple[int, int]] | None:
+        """The engine threads of ``meter``'s processes; None (noted once) when they cannot be named."""
+        try:
+            return meter.engine_keys()
+        except cpu_accounting.EngineThreadNotFoundError as error:
+            if not self._b7_unmeasured:
+                self.note(f"[yellow]B7 not measured for {system}: {error}[/yellow]")
+            self._b7_unmeasured = True
+            return None
+
     def _b1(
         self,
         client: httpx.AsyncClient,
@@ -320,20 +332,34 @@ class BenchRun:
         model: BenchModel,
         concurrency: int,
         round_index: int,
-        stack: ResqStack,
-        direct: DirectEngine,
-        serve: TransformersServe | None,
+        up: HttpSystems,
     ) -> None:
         tokens = self.plan.b1_tokens
-        if system == "direct":
-            result = direct.run(concurrency, tokens)
+        cpu: dict[str, float] = {}
+        if system in ("direct", "upstream"):
+            result = up.engine_of(system).run(concurrency, tokens)
             requests = result["requests"]
             wall = float(result["wall_s"])
             timings = [
                 StreamTiming(r["ttft_s"], r["decode_s"], r["total_s"], int(r["tokens"])) for r in requests
             ]
         else:
-            timings, wall = self._http_streams(client, system, concurrency, tokens, stack, serve)
+            meter = up.meter(system)
+            engine_keys = self._engine_threads(meter, system)
+            before = cpu_accounting.thread_times(meter.pids)
+            timings, wall = self._http_streams(client, system, concurrency, tokens, up)
+            after = cpu_accounting.thread_times(meter.pids)
+            streamed = max(1, sum(timing.tokens for timing in timings))
+            if engine_keys is not None and engine_keys <= after.keys():
+                spent = cpu_accounting.split(before, after, engine_keys, meter.labels)
+                cpu = {
+                    "server_cpu_us_per_token": spent.server_s * 1e6 / streamed,
+                    "engine_cpu_us_per_token": spent.engine_s * 1e6 / streamed,
+                    **{
+                        f"server_cpu_us_per_token:{label}": seconds * 1e6 / streamed
+                        for label, seconds in spent.server_s_by_label.items()
+                    },
+                }
         bad = self._check(system, timings, tokens)
         total_tokens = sum(timing.tokens for timing in timings)
         self.results.add(
@@ -343,7 +369,7 @@ class BenchRun:
                 model.key,
                 concurrency,
                 round_index,
-                metrics={"tok_s": total_tokens / wall, "wall_s": wall, "bad_streams": bad},
+                metrics={"tok_s": total_tokens / wall, "wall_s": wall, "bad_streams": bad, **cpu},
                 samples={
                     "ttft_ms": [timing.ttft_s * 1000 for timing in timings if timing.error is None],
                     "itl_ms": [
@@ -356,24 +382,17 @@ class BenchRun:
         )
 
     def _b2(
-        self,
-        client: httpx.AsyncClient,
-        system: str,
-        model: BenchModel,
-        round_index: int,
-        stack: ResqStack,
-        direct: DirectEngine,
-        serve: TransformersServe | None,
+        self, client: httpx.AsyncClient, system: str, model: BenchModel, round_index: int, up: HttpSystems
     ) -> None:
         tokens = self.plan.b2_probe_tokens
         ttfts: list[float] = []
         bad = 0
         for _ in range(self.plan.b2_probes):
             if system == "direct":
-                request = direct.run(1, tokens)["requests"][0]
+                request = up.engine_of(system).run(1, tokens)["requests"][0]
                 ttfts.append(request["ttft_s"] * 1000)
                 continue
-            timings, _ = self._http_streams(client, system, 1, tokens, stack, serve)
+            timings, _ = self._http_streams(client, system, 1, tokens, up)
             bad += self._check(system, timings, tokens)
             ttfts.append(timings[0].ttft_s * 1000)
         self.results.add(

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from bench.cpu_accounting import CpuMeter
 from bench.direct import RESULT_PREFIX
 from bench.models import BenchModel
 from bench.procs import Proc, ProcGroup, free_port, http_ok, wait_until
@@ -62,6 +63,8 @@ class ResqStack:
     gpu_workers: int = 1
     """GPU worker processes (the affinity bench runs two)."""
     procs: list[Proc] = field(default_factory=list)
+    gpu_worker_procs: list[Proc] = field(default_factory=list)
+    """The GPU workers among :attr:`procs` (the processes that run an engine)."""
     api: Proc | None = None
     base_url: str = ""
 
@@ -70,9 +73,9 @@ class ResqStack:
         env = resq_env(self.redis_url, self.model, RESQ_POSTPROCESS_WORKERS=str(self.postprocess_workers))
         for index in range(self.gpu_workers):
             name = f"{self.model.key}-gpu-worker" + (f"-{index}" if index else "")
-            self.procs.append(
-                self.group.start_role("gpu-worker", name, {**env, **engine_env(), **self.gpu_worker_env})
-            )
+            worker = self.group.start_role("gpu-worker", name, {**env, **engine_env(), **self.gpu_worker_env})
+            self.gpu_worker_procs.append(worker)
+            self.procs.append(worker)
         for index in range(self.postprocess_workers):
             self.procs.append(
                 self.group.start_role("postprocess-worker", f"{self.model.key}-postprocess-{index}", env)
@@ -104,6 +107,7 @@ class ResqStack:
         for proc in reversed(self.procs):
             self.group.stop(proc)
         self.procs.clear()
+        self.gpu_worker_procs.clear()
 
 
 @dataclass
@@ -113,14 +117,16 @@ class DirectEngine:
     group: ProcGroup
     redis_url: str
     model: BenchModel
+    upstream: bool = False
+    """transformers' continuous batching as it ships instead of the GPU worker's ``Engine``."""
     proc: Proc | None = None
 
     def start(self) -> None:
         """Start the process (loads the model)."""
         env = {**resq_env(self.redis_url, self.model), **engine_env()}
-        self.proc = self.group.start(
-            f"{self.model.key}-direct", [sys.executable, "-m", "bench.direct"], env, pipes=True
-        )
+        name = f"{self.model.key}-{'upstream' if self.upstream else 'direct'}"
+        argv = [sys.executable, "-m", "bench.direct", *(["--upstream"] if self.upstream else [])]
+        self.proc = self.group.start(name, argv, env, pipes=True)
 
     def wait_ready(self) -> None:
         """Wait for the engine to report ready."""
@@ -161,10 +167,15 @@ class DirectEngine:
 
 @dataclass
 class TransformersServe:
-    """``transformers serve --continuous-batching`` on the same model, same cache and batch sizes."""
+    """``transformers serve --continuous-batching`` on the same model, same cache and batch sizes.
+
+    With ``own_defaults`` it runs with none of the ``--cb-*`` sizes: transformers then sizes
+    its cache from the machine's memory (60% of it on CPU) and its batches itself.
+    """
 
     group: ProcGroup
     model: BenchModel
+    own_defaults: bool = False
     proc: Proc | None = None
     base_url: str = ""
 
@@ -179,10 +190,15 @@ class TransformersServe:
         argv = [
             sys.executable, "-m", "transformers.cli.transformers", "serve", str(self.model.path),
             "--continuous-batching", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
-            "--cb-block-size", str(KV_PAGE_SIZE), "--cb-num-blocks", str(KV_CACHE_TOKENS // KV_PAGE_SIZE),
-            "--cb-max-batch-tokens", str(MAX_BATCH_TOKENS), "--log-level", "warning",
+            "--log-level", "warning",
         ]  # fmt: skip
-        self.proc = self.group.start(f"{self.model.key}-transformers-serve", argv, engine_env())
+        if not self.own_defaults:
+            argv += [
+                "--cb-block-size", str(KV_PAGE_SIZE), "--cb-num-blocks", str(KV_CACHE_TOKENS // KV_PAGE_SIZE),
+                "--cb-max-batch-tokens", str(MAX_BATCH_TOKENS),
+            ]  # fmt: skip
+        name = f"{self.model.key}-transformers-serve" + ("-defaults" if self.own_defaults else "")
+        self.proc = self.group.start(name, argv, engine_env())
         self.base_url = f"http://127.0.0.1:{port}"
 
     def wait_ready(self) -> None:
@@ -223,3 +239,79 @@ class Floor:
         if self.proc is not None:
             self.group.stop(self.proc)
             self.proc = None
+
+
+B1_SYSTEMS = ("resq", "direct", "upstream", "serve", "serve-defaults")
+"""B1's systems, in the order of a round's first rotation."""
+B2_SYSTEMS = ("resq", "direct", "serve")
+"""B2's systems: TTFT against the engine resq runs, and against ``transformers serve``."""
+
+
+@dataclass
+class HttpSystems:
+    """Everything B1 and B2 run side by side on one model: resq and its baselines."""
+
+    stack: ResqStack
+    direct: DirectEngine | None = None
+    """The GPU worker's ``Engine`` alone."""
+    upstream: DirectEngine | None = None
+    """transformers' continuous batching alone, without resq's step."""
+    serve: TransformersServe | None = None
+    """``transformers serve`` with resq's cache and batch sizes."""
+    serve_defaults: TransformersServe | None = None
+    """``transformers serve`` at its own defaults."""
+    redis_pid: int | None = None
+    """The Redis server resq uses, when it runs here (its CPU is resq's)."""
+
+    def _present(self, names: tuple[str, ...]) -> list[str]:
+        systems = {
+            "resq": self.stack,
+            "direct": self.direct,
+            "upstream": self.upstream,
+            "serve": self.serve,
+            "serve-defaults": self.serve_defaults,
+        }
+        return [name for name in names if systems[name] is not None]
+
+    def b1_systems(self) -> list[str]:
+        """The systems B1 compares, of those that run."""
+        return self._present(B1_SYSTEMS)
+
+    def b2_systems(self) -> list[str]:
+        """The systems B2 probes, of those that run."""
+        return self._present(B2_SYSTEMS)
+
+    def engine_of(self, system: str) -> DirectEngine:
+        """The in-process engine named ``system`` (``direct`` or ``upstream``)."""
+        engine = self.direct if system == "direct" else self.upstream if system == "upstream" else None
+        if engine is None:
+            raise KeyError(f"no in-process engine {system!r} runs")
+        return engine
+
+    def serve_of(self, system: str) -> TransformersServe:
+        """The ``transformers serve`` named ``system`` (``serve`` or ``serve-defaults``)."""
+        serve = (
+            self.serve if system == "serve" else self.serve_defaults if system == "serve-defaults" else None
+        )
+        if serve is None:
+            raise KeyError(f"no transformers serve {system!r} runs")
+        return serve
+
+    def meter(self, system: str) -> CpuMeter:
+        """What B7 reads for ``system``: every process of it, and those that run its engine."""
+        if system == "resq":
+            labels = {proc.pid: _role_of(proc.name) for proc in self.stack.procs}
+            if self.redis_pid is not None:
+                labels[self.redis_pid] = "redis"
+            return CpuMeter(labels, [proc.pid for proc in self.stack.gpu_worker_procs])
+        serve = self.serve_of(system)
+        assert serve.proc is not None
+        return CpuMeter({serve.proc.pid: "serve"}, [serve.proc.pid])
+
+
+def _role_of(name: str) -> str:
+    # The stack names its processes "<model>-<role>[-<index>]".
+    for role in ("gpu-worker", "postprocess", "api"):
+        if f"-{role}" in name:
+            return role
+    return name

@@ -7,7 +7,18 @@ import pytest
 from bench.clients import _Frames
 from bench.document import BEGIN, END, replace_results
 from bench.plan import Plan
-from bench.report import Table, Target, b1_table, b5_ratio, b5_ratios, b5_table, targets, to_markdown
+from bench.report import (
+    Table,
+    Target,
+    b1_ratio_table,
+    b1_table,
+    b5_ratio,
+    b5_ratios,
+    b5_table,
+    b7_table,
+    targets,
+    to_markdown,
+)
 from bench.results import ResultSet, RunRecord
 from bench.stats import alternated, median, percentile, ratio
 
@@ -61,9 +72,9 @@ def test_results_take_medians_over_rounds_and_pool_samples() -> None:
     assert results.scalar("B1", "resq", "tok_s", "tiny", 32) is None
     assert results.scalar("B1", "resq", "tok_s", "bench", 8) is None
     row = b1_table(results).rows[0]
-    assert row[:5] == ["tiny", "8", "200.0", "250.0", "-"]
+    assert row == ["tiny", "8", "200.0", "250.0", "-", "-", "-"]
     # Only round 0 ran both: the ratio is that round's (100 / 250), not the medians' (200 / 250).
-    assert row[5] == "0.40 -> 0.40x"
+    assert b1_ratio_table(results).rows[0][:3] == ["tiny", "8", "0.40 -> 0.40x"]
 
 
 def test_every_ratio_is_the_median_of_per_round_ratios() -> None:
@@ -78,8 +89,12 @@ def test_every_ratio_is_the_median_of_per_round_ratios() -> None:
         "B1", "serve", "tok_s", "tiny", 32
     )
     assert round(unpaired, 2) == 1.45  # what dividing medians says: another number
-    assert b1_table(results).rows[0][6] == "1.14, 1.17, 1.45 -> 1.17x"
-    target = next(found for found in targets(results) if "transformers serve" in found.name)
+    assert b1_ratio_table(results).rows[0][5] == "1.14, 1.17, 1.45 -> 1.17x"
+    target = next(
+        found
+        for found in targets(results)
+        if "tiny 32 clients: resq / transformers serve (resq's" in found.name
+    )
     assert target.measured == 1.17
 
 
@@ -115,10 +130,12 @@ def test_document_keeps_the_prose_around_the_markers() -> None:
 def test_quick_plan_is_smaller_and_counts_its_runs() -> None:
     full, quick = Plan(), Plan().quick
     assert quick.rounds < full.rounds and quick.b1_tokens < full.b1_tokens
-    # B1: 3 concurrencies x 3 systems, B2: 3 systems, per model and round; B3: 3 per round;
-    # B4: 2 systems x 3 concurrencies per round, plus the held-streams run; B5: 2 kinds per model
-    # and round.
-    assert full.runs() == (9 + 3) * 2 * 3 + 3 * 3 + 2 * 3 * 3 + 1 + 2 * 2 * 3
+    # B1: 3 concurrencies x 5 systems (resq, the engine alone, upstream transformers, transformers
+    # serve at resq's sizes and at its own defaults), B2: 3 systems, per model and round; B3: 3 per
+    # round; B4: 2 systems x 3 concurrencies per round, plus the held-streams run; B5: 2 kinds per
+    # model and round.
+    assert full.runs() == (15 + 3) * 2 * 3 + 3 * 3 + 2 * 3 * 3 + 1 + 2 * 2 * 3
+    assert Plan(with_serve=False).runs() == (9 + 2) * 2 * 3 + 3 * 3 + 2 * 3 * 3 + 1 + 2 * 2 * 3
 
 
 def test_b5_pairs_the_kinds_of_each_round_and_takes_the_median_of_the_ratios() -> None:
@@ -319,3 +336,90 @@ def test_the_affinity_hit_rate_is_read_from_the_api_metrics() -> None:
     assert hit_rate({}, counts) == 0.9
     assert hit_rate(counts, counts) is None
     assert hit_rate({"hit": 100.0}, {"hit": 110.0, "fallback": 10.0}) == 0.5
+
+
+def test_b1_and_b2_targets_are_judged_on_every_model_against_every_baseline() -> None:
+    results = ResultSet()
+    for model in ("tiny", "bench"):
+        for system, rate in (("resq", 90.0), ("direct", 100.0), ("upstream", 120.0), ("serve", 60.0), ("serve-defaults", 45.0)):  # fmt: skip
+            results.add(RunRecord("B1", system, model, 32, 0, {"tok_s": rate}))
+    found = {target.name: target for target in targets(results)}
+    for model in ("tiny", "bench"):
+        assert found[f"B1 {model} 32 clients: resq / direct engine (median of per-round ratios)"].met is True
+        upstream = found[f"B1 {model} 32 clients: resq / upstream transformers (median of per-round ratios)"]
+        assert upstream.measured == 0.75 and upstream.met is False
+        assert found[f"B1 {model} 32 clients: resq / transformers serve (resq's sizes) (median of per-round ratios)"].met is True  # fmt: skip
+        defaults = found[f"B1 {model} 32 clients: resq / transformers serve (its defaults) (median of per-round ratios)"]  # fmt: skip
+        assert defaults.measured == 2.0 and defaults.met is True
+        assert f"B2 {model} 1 client: TTFT overhead p50" in found
+    ratios = b1_ratio_table(results).rows[0]
+    assert ratios[2:] == ["0.90 -> 0.90x", "0.75 -> 0.75x", "0.83 -> 0.83x", "1.50 -> 1.50x", "2.00 -> 2.00x"]
+
+
+def test_b7_compares_cpu_outside_the_engine_paired_per_round() -> None:
+    results = ResultSet()
+    for round_index, (resq, serve) in enumerate([(30.0, 20.0), (24.0, 20.0), (40.0, 20.0)]):
+        for system, server in (("resq", resq), ("serve", serve)):
+            metrics = {"tok_s": 1.0, "server_cpu_us_per_token": server, "engine_cpu_us_per_token": 100.0}
+            results.add(RunRecord("B1", system, "tiny", 32, round_index, metrics))
+    b7 = next(
+        found for found in targets(results) if found.name.startswith("B7") and "resq's sizes" in found.name
+    )
+    assert b7.measured == 1.5 and b7.met is False
+    row = b7_table(results).rows[0]
+    assert row[:5] == ["tiny", "32", "30.0", "20.0", "-"]
+    assert row[8] == "1.50, 1.20, 2.00 -> 1.50x"
+
+
+def test_b4_is_judged_against_the_floor_at_the_widest_load() -> None:
+    results = ResultSet()
+    for clients, (resq, floor) in ((1, (300.0, 100.0)), (64, (50.0, 30.0))):
+        results.add(RunRecord("B4", "resq", "tiny", clients, 0, {"cpu_us_per_token": resq}))
+        results.add(RunRecord("B4", "floor", "tiny", clients, 0, {"cpu_us_per_token": floor}))
+    b4 = [found for found in targets(results) if found.name.startswith("B4")]
+    assert len(b4) == 1 and "64 clients" in b4[0].name
+    assert b4[0].measured == pytest.approx(50 / 30) and b4[0].met is True
+
+
+def test_cpu_split_counts_the_engine_threads_apart() -> None:
+    from bench.cpu_accounting import split
+
+    before = {(1, 10): 5.0, (1, 11): 1.0, (2, 20): 0.5}
+    after = {(1, 10): 9.0, (1, 11): 1.5, (2, 20): 0.75, (2, 21): 0.25}  # (2, 21) began during the run
+    spent = split(before, after, {(1, 10)}, {1: "gpu-worker", 2: "api"})
+    assert spent.engine_s == 4.0
+    assert spent.server_s == pytest.approx(0.5 + 0.25 + 0.25)
+    assert spent.server_s_by_label == pytest.approx({"gpu-worker": 0.5, "api": 0.5})
+
+
+def test_engine_threads_are_found_by_the_generation_loop_name() -> None:
+    """py-spy names transformers' generation thread in this very process (needs ptrace rights)."""
+    import os
+    import threading
+
+    from bench.cpu_accounting import (
+        ENGINE_LOOP,
+        EngineThreadNotFoundError,
+        PySpyUnavailableError,
+        engine_threads,
+    )
+
+    stop = threading.Event()
+
+    def loop() -> None:
+        stop.wait(30)
+
+    loop.__name__ = ENGINE_LOOP
+    thread = threading.Thread(target=loop)
+    thread.start()
+    try:
+        try:
+            found = engine_threads(os.getpid())
+        except PySpyUnavailableError as error:
+            pytest.skip(str(error))
+        assert found == {thread.native_id}
+    finally:
+        stop.set()
+        thread.join()
+    with pytest.raises(EngineThreadNotFoundError, match="runs no"):
+        engine_threads(os.getpid())
