@@ -29,7 +29,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from resq import keys
-from resq.redis_types import StreamEntry, range_entries
+from resq.redis_types import StreamEntry, StreamId, format_id, multi_stream_entries, parse_id, range_entries
 
 log = logging.getLogger(__name__)
 
@@ -37,28 +37,6 @@ READ_BLOCK_MS = 1000
 READ_COUNT = 512
 WAKEUP_TTL_S = 60
 RETRY_PAUSE_S = 0.2
-
-StreamId = tuple[int, int]
-
-
-def parse_id(entry_id: bytes | str) -> StreamId:
-    """A stream id ``ms-seq`` as a comparable pair."""
-    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-    ms, _, seq = text.partition("-")
-    return int(ms), int(seq or 0)
-
-
-def format_id(stream_id: StreamId) -> str:
-    """The text form of a stream id pair."""
-    return f"{stream_id[0]}-{stream_id[1]}"
-
-
-def multi_stream_entries(reply: Any) -> list[tuple[bytes, list[StreamEntry]]]:
-    """``(key, entries)`` of an ``XREAD`` reply on several streams (RESP2 list or RESP3 map)."""
-    if not reply:
-        return []
-    pairs = reply.items() if isinstance(reply, dict) else reply
-    return [(key, entries) for key, entries in pairs]
 
 
 class Follower:

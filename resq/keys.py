@@ -76,6 +76,11 @@ def api_wakeup(hub_id: str) -> str:
     return f"{PREFIX}:api:{hub_id}:wakeup"
 
 
+def postprocess_wakeup(hub_id: str) -> str:
+    """Stream: nudges one post-process worker's token hub to re-issue its blocking read (new streams)."""
+    return f"{PREFIX}:postprocess:{hub_id}:wakeup"
+
+
 def _response(response_id: str, suffix: str) -> str:
     return f"{PREFIX}:{{{response_id}}}:{suffix}"
 

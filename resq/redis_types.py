@@ -22,6 +22,30 @@ def stream_entries(reply: Any) -> list[StreamEntry]:
     return cast(list[StreamEntry], reply[0][1])
 
 
+StreamId: TypeAlias = tuple[int, int]
+"""A stream entry id ``ms-seq`` as a comparable pair."""
+
+
+def parse_id(entry_id: bytes | str) -> StreamId:
+    """A stream id ``ms-seq`` as a comparable pair."""
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def format_id(stream_id: StreamId) -> str:
+    """The text form of a stream id pair."""
+    return f"{stream_id[0]}-{stream_id[1]}"
+
+
+def multi_stream_entries(reply: Any) -> list[tuple[bytes, list[StreamEntry]]]:
+    """``(key, entries)`` of an ``XREAD`` reply on several streams (RESP2 list or RESP3 map)."""
+    if not reply:
+        return []
+    pairs = reply.items() if isinstance(reply, dict) else reply
+    return [(key, entries) for key, entries in pairs]
+
+
 def range_entries(reply: Any) -> list[StreamEntry]:
     """The entries of an ``XRANGE``/``XREVRANGE`` reply."""
     return cast(list[StreamEntry], reply or [])

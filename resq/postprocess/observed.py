@@ -11,6 +11,7 @@ from resq.catalog import ModelCatalog
 from resq.logs import response_context
 from resq.postprocess import metrics
 from resq.postprocess.runner import run_postprocess
+from resq.postprocess.token_hub import TokenSource
 from resq.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -25,11 +26,12 @@ def postprocess_response(
     settings: Settings,
     response_id: str,
     keep_going: Callable[[], bool] | None = None,
+    tokens: TokenSource | None = None,
 ) -> str:
     """:func:`run_postprocess` for ``response_id``, every log line tagged with it, and counted."""
     with response_context(response_id), metrics.ACTIVE.track_inprogress():
         try:
-            status = run_postprocess(redis, catalog, settings, response_id, keep_going)
+            status = run_postprocess(redis, catalog, settings, response_id, keep_going, tokens)
         except BaseException:
             metrics.RESPONSES.labels(CRASHED).inc()
             raise

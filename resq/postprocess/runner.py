@@ -46,9 +46,10 @@ from resq.postprocess.event_log import (
 )
 from resq.postprocess.positions import ConsumedTokens, TokenGapError, TokensRewrittenError
 from resq.postprocess.processor import Finished, ResponseProcessor
+from resq.postprocess.token_hub import DirectTokenSource, TokenSource, TokenStream
 from resq.protocols import make_protocol
 from resq.records import FINALIZE_LUA, MARK_IN_PROGRESS_LUA
-from resq.redis_types import optional_bytes, range_entries, stream_entries
+from resq.redis_types import optional_bytes, range_entries
 from resq.sealed import sealer_from_settings
 from resq.settings import Settings
 from resq.status import FinalStatus
@@ -127,11 +128,14 @@ def run_postprocess(
     settings: Settings,
     response_id: str,
     keep_going: Callable[[], bool] | None = None,
+    tokens: TokenSource | None = None,
 ) -> str:
     """Post-process ``response_id`` to its terminal event; returns its final status.
 
     ``keep_going`` is asked between reads: when it turns false (this process lost its
-    lease on the response) the call stops and returns :data:`HANDED_OVER`. Raises
+    lease on the response) the call stops and returns :data:`HANDED_OVER`. ``tokens``
+    reads the token stream (default: one ``XREAD`` per read; a post-process worker passes
+    its :class:`~resq.postprocess.token_hub.TokenStreamHub`). Raises
     :class:`RedisRefusedError` when Redis refused every write, the failure included
     (nothing half-written: a takeover goes on later).
     """
@@ -170,6 +174,7 @@ def run_postprocess(
         )
         run = _Run(
             redis,
+            tokens or DirectTokenSource(redis),
             response_id,
             processor,
             EventLogWriter(redis, response_id, already_logged, WRITE_BACKOFF),
@@ -209,6 +214,7 @@ class _Run:
     def __init__(
         self,
         redis: Redis,
+        tokens: TokenSource,
         response_id: str,
         processor: ResponseProcessor,
         writer: EventLogWriter,
@@ -218,6 +224,7 @@ class _Run:
         conversation: _ConversationAppend | None = None,
     ) -> None:
         self._redis = redis
+        self._tokens = tokens
         self._response_id = response_id
         self._processor = processor
         self._writer = writer
@@ -230,18 +237,22 @@ class _Run:
         self._engine_stopped = False
 
     def run(self, keep_going: Callable[[], bool] | None) -> str:
+        stream = self._tokens.open(keys.tokens(self._response_id))
+        try:
+            return self._follow(stream, keep_going)
+        finally:
+            stream.close()
+
+    def _follow(self, stream: TokenStream, keep_going: Callable[[], bool] | None) -> str:
         response_id = self._response_id
         processor = self._processor
-        tokens_key = keys.tokens(response_id)
         last_id: bytes | str = "0-0"
         gap_retried_at: int | None = None
         while True:
             if keep_going is not None and not keep_going():
                 log.warning("post-processing of %s was taken over by another post-processor", response_id)
                 return HANDED_OVER
-            entries = stream_entries(
-                self._redis.xread({tokens_key: last_id}, count=READ_COUNT, block=READ_BLOCK_MS)
-            )
+            entries = stream.read(last_id, READ_COUNT, READ_BLOCK_MS)
             if not entries:
                 if not self._redis.exists(keys.record(response_id)):
                     log.info("response %s was deleted while in flight", response_id)

@@ -14,6 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from resq.catalog import ModelCatalog
 from resq.postprocess.observed import postprocess_response
 from resq.postprocess.runner import HANDED_OVER
+from resq.postprocess.token_hub import TokenStreamHub
 from resq.recovery.leases import PostprocessLeases
 from resq.redis_client import sync_redis
 from resq.settings import Settings
@@ -32,6 +33,8 @@ class PostprocessService:
         self._redis = sync_redis(settings.redis_url)
         self._catalog = ModelCatalog(self._redis)
         self.leases = PostprocessLeases(self._redis, holder_id, settings.postprocess_lease_s)
+        # One blocking read for the token streams of every response this process holds.
+        self._tokens = TokenStreamHub(self._redis)
         self._capacity = settings.postprocess_concurrency
         self._pool = ThreadPoolExecutor(max_workers=self._capacity, thread_name_prefix="postprocess")
 
@@ -70,6 +73,7 @@ class PostprocessService:
                 self._settings,
                 response_id,
                 keep_going=lambda: self.leases.holds(response_id),
+                tokens=self._tokens,
             )
         except BaseException:
             # Keep the lease unreleased: it lapses, and a post-processor retries later.
@@ -82,6 +86,7 @@ class PostprocessService:
     def close(self) -> None:
         """Stop renewing and taking work; running post-processors finish (or lapse, if the process ends)."""
         self.leases.stop()
+        # The token hub keeps reading (a daemon thread): the running post-processors depend on it.
         self._pool.shutdown(wait=False, cancel_futures=False)
 
 

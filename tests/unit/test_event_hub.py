@@ -8,7 +8,8 @@ import contextlib
 import pytest
 from redis.asyncio import Redis
 
-from api.event_hub import EventHub, Follower, format_id, parse_id
+from api.event_hub import EventHub, Follower
+from resq.redis_types import format_id, parse_id
 
 
 def test_stream_ids_compare_numerically() -> None:

@@ -1,0 +1,271 @@
+"""Reading token streams: one ``XREAD`` per read, or one blocking ``XREAD`` per process for all.
+
+A post-processor waits on its response's token stream, and the GPU publisher appends
+to every running response's stream at each engine step. Read with one blocking
+``XREAD`` per response, a post-process worker holding 32 responses makes 32 reads, 32
+replies and 32 thread wake-ups per step: in the B7 profile of ``docs/benchmarks.md``
+its threads spent most of their CPU in socket I/O and wake-ups, outside Python.
+:class:`TokenStreamHub` keeps one read in flight on every token stream the process
+follows and hands each post-processor the entries of its own stream, as the API's
+:class:`api.event_hub.EventHub` does for event logs.
+
+A stream that starts following (or reads again from an earlier position, after a gap)
+first catches up with ``XRANGE`` from its own position, then joins the hub; if the
+hub's read is blocked without it, an entry on this process's wake-up stream makes the
+read return and start again with the new stream included. Every entry reaches its
+reader once and in order: a reader's buffer only takes entries past its position.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from redis import Redis
+from redis.exceptions import RedisError
+
+from resq import keys
+from resq.redis_types import (
+    StreamEntry,
+    StreamId,
+    format_id,
+    multi_stream_entries,
+    parse_id,
+    range_entries,
+    stream_entries,
+)
+
+log = logging.getLogger(__name__)
+
+HUB_BLOCK_MS = 1000
+HUB_COUNT = 512
+WAKEUP_TTL_S = 60
+RETRY_PAUSE_S = 0.2
+
+
+class TokenStream(Protocol):
+    """The token stream of one response, as one post-processor reads it."""
+
+    def read(self, after: bytes | str, count: int, block_ms: int) -> list[StreamEntry]:
+        """Up to ``count`` entries after id ``after``, waiting up to ``block_ms`` for the first."""
+        ...
+
+    def close(self) -> None:
+        """Stop following the stream."""
+        ...
+
+
+class TokenSource(Protocol):
+    """Where post-processors get their :class:`TokenStream`."""
+
+    def open(self, key: str) -> TokenStream:
+        """Follow the stream at ``key``."""
+        ...
+
+
+class DirectTokenSource:
+    """One ``XREAD`` per read, on the caller's thread."""
+
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+
+    def open(self, key: str) -> TokenStream:
+        """A reader of ``key`` that reads it directly."""
+        return _DirectStream(self._redis, key)
+
+
+class _DirectStream:
+    def __init__(self, redis: Redis, key: str) -> None:
+        self._redis = redis
+        self._key = key
+
+    def read(self, after: bytes | str, count: int, block_ms: int) -> list[StreamEntry]:
+        return stream_entries(self._redis.xread({self._key: after}, count=count, block=block_ms))
+
+    def close(self) -> None:
+        pass
+
+
+class _HubStream:
+    """One reader's buffer of one stream, filled by the hub (and by its own catch-up reads)."""
+
+    def __init__(self, hub: TokenStreamHub, key: str) -> None:
+        self._hub = hub
+        self.key = key
+        self.name = key.encode()
+        self._ready = threading.Condition()
+        self._entries: list[StreamEntry] = []
+        self.position: StreamId = (0, 0)
+        """The last entry id buffered (or handed out)."""
+        self._consumed: StreamId | None = None
+        """The last entry id handed to the reader; None before its first read."""
+
+    def deliver(self, entries: list[StreamEntry]) -> None:
+        """Take the entries past this reader's position (others were seen already)."""
+        with self._ready:
+            self._take(entries)
+
+    def _take(self, entries: list[StreamEntry]) -> None:
+        for entry in entries:
+            entry_id = parse_id(entry[0])
+            if entry_id > self.position:
+                self._entries.append(entry)
+                self.position = entry_id
+        if self._entries:
+            self._ready.notify_all()
+
+    def read(self, after: bytes | str, count: int, block_ms: int) -> list[StreamEntry]:
+        after_id = parse_id(after)
+        if after_id != self._consumed:
+            self._restart_from(after_id)
+        with self._ready:
+            if not self._entries:
+                self._ready.wait(block_ms / 1000)
+            batch = self._entries[:count]
+            del self._entries[:count]
+            if batch:
+                self._consumed = parse_id(batch[-1][0])
+            return batch
+
+    def _restart_from(self, after_id: StreamId) -> None:
+        """Catch up from ``after_id`` (the first read, or a reader that went back) and join the hub.
+
+        Holds this reader's lock throughout, so the hub's deliveries wait and land after the
+        catch-up, in order; the hub never holds its own lock while it delivers.
+        """
+        with self._ready:
+            self._entries.clear()
+            self.position = after_id
+            self._consumed = after_id
+            self._take(range_entries(self._hub.redis.xrange(self.key, min=f"({format_id(after_id)}")))
+            hub_position = self._hub.join(self)
+            if hub_position > self.position:
+                # The hub read past this reader's position before it joined: fetch the gap.
+                gap = self._hub.redis.xrange(
+                    self.key, min=f"({format_id(self.position)}", max=format_id(hub_position)
+                )
+                self._take(range_entries(gap))
+
+    def close(self) -> None:
+        self._hub.leave(self)
+
+
+@dataclass
+class _Followed:
+    position: StreamId
+    readers: set[_HubStream] = field(default_factory=set)
+
+
+class TokenStreamHub:
+    """The token streams one process follows, read by one thread with one blocking ``XREAD``."""
+
+    def __init__(self, redis: Redis, block_ms: int = HUB_BLOCK_MS, count: int = HUB_COUNT) -> None:
+        self.redis = redis
+        self._block_ms = block_ms
+        self._count = count
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._followed: dict[bytes, _Followed] = {}
+        self._wakeup_key = keys.postprocess_wakeup(uuid.uuid4().hex)
+        # A fresh key: every entry on it is a wake-up ("$" could miss one sent before the read lands).
+        self._wakeup_position = "0-0"
+        self._reading: frozenset[bytes] = frozenset()
+        self._woken = False
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    def open(self, key: str) -> TokenStream:
+        """A reader of ``key`` fed by the hub (it joins at its first read)."""
+        return _HubStream(self, key)
+
+    def join(self, reader: _HubStream) -> StreamId:
+        """Add ``reader`` to its stream's readers; the hub's position on that stream."""
+        with self._lock:
+            followed = self._followed.get(reader.name)
+            if followed is None:
+                followed = self._followed[reader.name] = _Followed(reader.position)
+            followed.readers.add(reader)
+            position = followed.position
+            wake = reader.name not in self._reading and bool(self._reading) and not self._woken
+            if wake:
+                self._woken = True
+            self._changed.notify_all()
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="token-hub", daemon=True)
+                self._thread.start()
+        if wake:
+            self._wake()
+        return position
+
+    def leave(self, reader: _HubStream) -> None:
+        """Stop feeding ``reader``."""
+        with self._lock:
+            followed = self._followed.get(reader.name)
+            if followed is None:
+                return
+            followed.readers.discard(reader)
+            if not followed.readers:
+                del self._followed[reader.name]
+
+    def close(self) -> None:
+        """Stop the reading thread (within one blocking read)."""
+        with self._lock:
+            self._stopped = True
+            self._changed.notify_all()
+
+    def _wake(self) -> None:
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.xadd(self._wakeup_key, {"w": "1"}, maxlen=1, approximate=False)
+            pipe.expire(self._wakeup_key, WAKEUP_TTL_S)
+            pipe.execute()
+        except RedisError:
+            # The blocked read returns within its block time anyway.
+            log.warning("could not wake the token hub; the new stream joins within %d ms", self._block_ms)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._followed and not self._stopped:
+                    self._changed.wait()
+                if self._stopped:
+                    return
+                streams: dict[Any, Any] = {
+                    name: format_id(followed.position) for name, followed in self._followed.items()
+                }
+                streams[self._wakeup_key] = self._wakeup_position
+                self._reading = frozenset(streams)
+                self._woken = False
+            try:
+                reply = self.redis.xread(streams, count=self._count, block=self._block_ms)
+            except Exception:  # the thread must outlive any failure: every reader depends on it
+                log.exception("reading token streams failed; retrying")
+                time.sleep(RETRY_PAUSE_S)
+                continue
+            finally:
+                with self._lock:
+                    self._reading = frozenset()
+            self._dispatch(multi_stream_entries(reply))
+
+    def _dispatch(self, replies: list[tuple[bytes, list[StreamEntry]]]) -> None:
+        deliveries: list[tuple[list[_HubStream], list[StreamEntry]]] = []
+        with self._lock:
+            for name, entries in replies:
+                if not entries:
+                    continue
+                if name == self._wakeup_key.encode():
+                    self._wakeup_position = entries[-1][0].decode()
+                    continue
+                followed = self._followed.get(name)
+                if followed is None:
+                    continue
+                followed.position = max(followed.position, parse_id(entries[-1][0]))
+                deliveries.append((list(followed.readers), entries))
+        # Outside the hub's lock: a reader catching up holds its own lock and may wait for ours.
+        for readers, entries in deliveries:
+            for reader in readers:
+                reader.deliver(entries)
