@@ -12,7 +12,7 @@ from starlette.responses import Response
 from api import metrics
 from api.errors import response_not_found
 from api.http import raw_json_response
-from api.relay import follow_event_batches, sse_chunks, wait_for_terminal
+from api.relay import coalesced_when_behind, follow_event_batches, sse_chunks, wait_for_terminal
 from api.state import AppState
 from api.submission import Accepted
 from resq import keys
@@ -53,15 +53,21 @@ async def stream_new_response(
     state: AppState,
     accepted: Accepted,
     framing: Callable[[AsyncIterator[list[tuple[bytes, bytes]]]], AsyncIterator[bytes]] = sse_chunks,
+    coalesce_after: int = 0,
 ) -> AsyncIterator[bytes]:
     """The SSE body of a response just created, framed by ``framing`` (the protocol's).
 
-    A client that leaves before the end cancels a foreground generation (and drops an
-    unstored one); an unstored one is dropped once it was delivered, too.
+    With ``coalesce_after`` (the Responses stream's ``RESQ_SSE_COALESCE_AFTER``), the deltas a
+    slow client fell behind on are merged (:func:`api.relay.coalesced_when_behind`); 0 (Chat
+    Completions) relays every event as logged. A client that leaves before the end cancels a
+    foreground generation (and drops an unstored one); an unstored one is dropped once it was
+    delivered, too.
     """
     finished = False
     try:
-        batches = metrics.measured_batches(follow_event_batches(state.redis, accepted.response_id))
+        followed = follow_event_batches(state.redis, accepted.response_id)
+        # Measured after merging: the metrics count and time the events the client is sent.
+        batches = metrics.measured_batches(coalesced_when_behind(followed, coalesce_after))
         async for chunk in framing(batches):
             yield chunk
         finished = True

@@ -58,6 +58,11 @@ RESPONSES_DELIVERED = Counter(
     "Generations this API delivered to the end, by final status and endpoint (responses, chat_completions).",
     ["status", "endpoint"],
 )
+DELTAS_COALESCED = Counter(
+    "resq_sse_deltas_coalesced",
+    "Delta events saved by merging the runs of deltas a slow stream client fell behind on "
+    "(SSE and WebSocket; RESQ_SSE_COALESCE_AFTER): events relayed as logged minus events sent.",
+)
 ACTIVE_STREAMS = Gauge("resq_active_streams", "SSE streams open on this API process.")
 QUEUE_DEPTH = Gauge(
     "resq_queue_depth", "Messages waiting in a Celery queue (read from Redis at scrape time).", ["queue"]

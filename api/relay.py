@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.types import Message, Send
 
+from api import coalesce, metrics
 from api.event_hub import EventHub
 from resq import keys, records
 from resq.events import types
@@ -100,6 +101,28 @@ async def follow_event_batches(
                     yield batch
                     return
             yield batch
+
+
+async def coalesced_when_behind(
+    batches: AsyncIterator[list[tuple[bytes, bytes]]], coalesce_after: int
+) -> AsyncIterator[list[tuple[bytes, bytes]]]:
+    """``batches`` (from :func:`follow_event_batches`), the deltas of a client's lag merged.
+
+    A batch after the first that holds more than ``coalesce_after`` events (the client was
+    slow to take the previous one, or the log grew by a burst) has each run of deltas of one
+    target merged into one event (:mod:`api.coalesce`); the first batch (the catch-up, or the
+    whole replay of an ended response) and every smaller one go out as logged.
+    ``coalesce_after`` 0: unchanged.
+    """
+    first = True
+    async for batch in batches:
+        if coalesce.lagging(first, len(batch), coalesce_after):
+            merged = coalesce.coalesce(batch)
+            if len(merged) < len(batch):
+                metrics.DELTAS_COALESCED.inc(len(batch) - len(merged))
+            batch = merged
+        first = False
+        yield batch
 
 
 async def follow_events(

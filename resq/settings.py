@@ -149,6 +149,16 @@ class Settings(BaseSettings):
         gt=0,
         description="Seconds between SSE comment pings on every open stream (they keep idle ones alive through proxies).",
     )
+    sse_coalesce_after: int = Field(
+        16,
+        ge=0,
+        description=(
+            "When more than this many events wait for a stream's client (SSE or WebSocket) at once, each run "
+            "of consecutive deltas of one item among them is sent as one event (same text, the run's last "
+            "`sequence_number`); what was logged before the stream opened (a replay) is sent as logged. "
+            "0: never merge."
+        ),
+    )
     transient_ttl_s: int = Field(
         3600, ge=60, description="TTL of the keys of a response in flight, and of `store=false` responses."
     )

@@ -29,7 +29,8 @@ async def create_response(
     """Create a response; ``stream`` picks SSE or one JSON body, ``background`` returns at once."""
     accepted = await accept(state, body, caller)
     if body.stream:
-        return event_stream_response(stream_new_response(state, accepted), state.settings.sse_ping_s)
+        body_chunks = stream_new_response(state, accepted, coalesce_after=state.settings.sse_coalesce_after)
+        return event_stream_response(body_chunks, state.settings.sse_ping_s)
     if accepted.background:
         return json_response(accepted.created)
     return await wait_for_final(state, accepted, request)

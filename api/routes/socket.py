@@ -40,7 +40,7 @@ from api.caller import ANONYMOUS, Caller
 from api.errors import OpenAIError, invalid_value, validation_error_to_openai
 from api.foreground import client_left, forget_unstored
 from api.gate import caller_of
-from api.relay import follow_event_batches
+from api.relay import coalesced_when_behind, follow_event_batches
 from api.schemas import CreateResponseRequest
 from api.state import AppState
 from api.store import EarlierConversation
@@ -197,7 +197,9 @@ class Socket:
 
     async def _relay(self, accepted: Accepted, stream_id: str | None) -> dict[str, Any] | None:
         last: bytes | None = None
-        async for batch in follow_event_batches(self._state.redis, accepted.response_id):
+        # One message per event: a slow reader blocks the sends, so its next batch is long.
+        followed = follow_event_batches(self._state.redis, accepted.response_id)
+        async for batch in coalesced_when_behind(followed, self._state.settings.sse_coalesce_after):
             for _, data in batch:
                 await self._send_text(with_stream_id(data, stream_id))
                 last = data

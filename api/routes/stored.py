@@ -18,7 +18,7 @@ from api.errors import invalid_value, response_not_found
 from api.http import json_response, raw_json_response
 from api.input_items import PageParameterError, paginate, parse_page_request
 from api.query import boolean, non_negative_int
-from api.relay import event_stream_response, follow_event_batches, sse_chunks
+from api.relay import coalesced_when_behind, event_stream_response, follow_event_batches, sse_chunks
 from api.state import AppState
 
 router = APIRouter(prefix="/v1")
@@ -26,8 +26,10 @@ router = APIRouter(prefix="/v1")
 
 async def _replay(state: AppState, response_id: str, starting_after: int | None) -> AsyncIterator[bytes]:
     # A client leaving a resumed stream cancels nothing: only the creating request owns
-    # the generation (and a background one outlives every stream).
-    batches = follow_event_batches(state.redis, response_id, starting_after)
+    # the generation (and a background one outlives every stream). The first batch is the replay
+    # of what is logged, sent exactly; only a live one's later lag is merged.
+    followed = follow_event_batches(state.redis, response_id, starting_after)
+    batches = coalesced_when_behind(followed, state.settings.sse_coalesce_after)
     async for chunk in sse_chunks(batches):
         yield chunk
 

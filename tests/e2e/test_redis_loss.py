@@ -90,7 +90,9 @@ def test_redis_killed_after_losing_its_last_second_neither_repeats_nor_skips_tex
     r = server.client()
     assert comparable(final) == references(**LONG), stack.logs()
     assert comparable(stored_response(r, response_id)) == references(**LONG)
-    assert r.xlen(keys.events(response_id)) == len(events)
+    # Every event logged once (numbered 0..n-1); a client behind a burst may get merged deltas.
+    logged = r.xlen(keys.events(response_id))
+    assert events[-1]["sequence_number"] == logged - 1 and len(events) <= logged
     assert longest_wait < RECOVERY_BOUND_S, f"the stream stalled {longest_wait:.1f}s"
     # ...the GPU worker regenerated what was lost, and the post-processor logged again the
     # events Redis lost (the same bytes the client had) rather than new ones.
