@@ -17,6 +17,8 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
@@ -203,6 +205,21 @@ def install_error_handlers(app: FastAPI) -> None:
             type="invalid_request_error",
         )
         return json_response(error.body(), status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(RedisConnectionError)
+    @app.exception_handler(RedisTimeoutError)
+    async def _redis_unavailable(_: Request, exc: Exception) -> Response:
+        # Redis is unreachable, or every pooled connection stayed busy past the pool's wait (a
+        # burst of thousands of requests at once): the request can be retried, as the SDKs do
+        # on a 503 by themselves. Nothing of it was admitted, or its recovery record remains.
+        log.warning("Redis unavailable while handling a request: %s", exc)
+        error = OpenAIError(
+            503,
+            "The server is overloaded or its store is unreachable; please retry the request.",
+            type="server_error",
+            code="server_overloaded",
+        )
+        return json_response(error.body(), status_code=503, headers={"Retry-After": "1"})
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> Response:

@@ -51,7 +51,10 @@ async def _hold(
                 seen += chunk
                 if FIRST_EVENT in seen:
                     break
-            await opened.put(response.status_code == 200 and FIRST_EVENT in seen)
+            held = response.status_code == 200 and FIRST_EVENT in seen
+            await opened.put(held)
+            if not held:  # counted as not held; say why with the run's errors
+                raise RuntimeError(f"HTTP {response.status_code}: {seen[:200]!r}")
             await release.wait()
     except (httpx.HTTPError, OSError) as exc:
         await opened.put(False)
