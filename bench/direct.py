@@ -17,7 +17,6 @@ both what the queue costs and what resq's engine changes gain.
 from __future__ import annotations
 
 import json
-import queue
 import sys
 import threading
 import time
@@ -106,17 +105,9 @@ class UpstreamEngine:
 
     def next_outputs(self, timeout_s: float) -> list[GenerationOutput]:
         """Outputs since the last call, waiting up to ``timeout_s`` for the first."""
-        outputs: list[GenerationOutput] = []
-        output_queue = self._manager.output_router.output_queue
-        try:
-            outputs.append(output_queue.get(timeout=timeout_s))
-        except queue.Empty:
-            return outputs
-        while True:
-            try:
-                outputs.append(output_queue.get_nowait())
-            except queue.Empty:
-                return outputs
+        from gpu_worker.engine import drain
+
+        return drain(self._manager.output_router.output_queue, timeout_s)
 
 
 def _serve(upstream: bool) -> None:

@@ -90,6 +90,20 @@ def response_of(request_id: str) -> str:
     return request_id.split(CLAIM_SEPARATOR, 1)[0]
 
 
+def drain(output_queue: queue.Queue[GenerationOutput], timeout_s: float) -> list[GenerationOutput]:
+    """Everything in ``output_queue``, waiting up to ``timeout_s`` for the first item (none: [])."""
+    outputs: list[GenerationOutput] = []
+    try:
+        outputs.append(output_queue.get(timeout=timeout_s))
+    except queue.Empty:
+        return outputs
+    while True:
+        try:
+            outputs.append(output_queue.get_nowait())
+        except queue.Empty:
+            return outputs
+
+
 class EngineStoppedError(RuntimeError):
     """The engine thread is gone; no request can be added."""
 
@@ -303,17 +317,7 @@ class Engine:
         A request the step flagged non-finite comes out failed (without the flag); the
         failures of a generation loop that died are left out (their requests are handed back).
         """
-        outputs: list[GenerationOutput] = []
-        output_queue = self._manager.output_router.output_queue
-        try:
-            outputs.append(output_queue.get(timeout=timeout_s))
-        except queue.Empty:
-            return outputs
-        while True:
-            try:
-                outputs.append(output_queue.get_nowait())
-            except queue.Empty:
-                break
+        outputs = drain(self._manager.output_router.output_queue, timeout_s)
         # Read after the outputs: transformers asks for a hard stop before it fails the requests.
         dying = self._dying()
         return [
