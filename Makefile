@@ -10,7 +10,7 @@ CLIENTS_STAMP := $(CLIENTS)/node_modules/.installed-stamp
 # host PyPI's default Linux wheel (CUDA) is the one wanted.
 TORCH := torch==2.13.0
 
-.PHONY: install clients run test test-clients test-fast lint format clean lock docs compose-config bench bench-quick bench-structured bench-affinity bench-agent fuzz soak
+.PHONY: install clients run test test-clients test-fast lint format clean lock docs compose-config bench bench-quick bench-structured bench-affinity bench-agent bench-interval fuzz soak
 
 install: $(STAMP)
 
@@ -64,6 +64,9 @@ bench-agent: install  ## Agent loop (10 turns, growing history): prefix caching 
 
 bench-affinity: install  ## 16 concurrent agent loops on 2 GPU workers vs 1: affinity hit rate and turn-10 TTFT (~4 min on tiny)
 	$(BIN)/python -m bench.affinity $(BENCH_ARGS)
+
+bench-interval: install  ## The stream interval A/B (RESQ_STREAM_INTERVAL_MS 0 vs 50): tok/s and CPU per token, paired per round (~4 min)
+	$(BIN)/python -m bench.stream_interval $(BENCH_ARGS)
 
 bench-quick: install  ## A smaller benchmark run (a few minutes), docs left alone
 	$(BIN)/resq bench --quick --no-doc $(BENCH_ARGS)

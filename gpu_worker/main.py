@@ -73,6 +73,7 @@ def run(settings: Settings) -> None:
         generations,
         dispatch=lambda rid: send_generation(app, rid, card.name),
         max_losses=settings.gpu_max_losses,
+        stream_interval_s=settings.stream_interval_ms / 1000,
     )
     publisher.start()
     metrics.watch_engine(lambda: publisher.active_count, settings.max_batch)

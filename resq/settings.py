@@ -113,6 +113,18 @@ class Settings(BaseSettings):
         ),
     )
 
+    stream_interval_ms: int = Field(
+        50,
+        ge=0,
+        le=1000,
+        description=(
+            "Shortest time between two token appends of one request: the GPU worker sends what a request "
+            "generated meanwhile as one chunk (one delta event), so the post-processors, the API and Redis "
+            "work per chunk instead of per token. A request's first tokens and its end are never held. "
+            "0: every engine step's tokens go out with that step."
+        ),
+    )
+
     shutdown_grace_s: float = Field(
         10.0, ge=0, description="On SIGTERM, how long the GPU worker lets running requests finish."
     )

@@ -85,6 +85,9 @@ def base_env(redis_url: str, fixture_model_dir: Path) -> dict[str, str]:
         # The fixture model writes Qwen3-style reasoning and Hermes-style calls.
         "RESQ_REASONING_PARSER": "qwen3",
         "RESQ_TOOL_PARSER": "hermes",
+        # Tests here cancel, disconnect and compare streams a step at a time: every engine step's
+        # tokens go out with it. tests/e2e/test_stream_interval.py runs the default interval.
+        "RESQ_STREAM_INTERVAL_MS": "0",
     }
 
 

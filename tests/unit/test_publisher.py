@@ -248,3 +248,79 @@ def test_a_claim_released_while_its_copy_is_silent_is_stopped_at_the_next_step(r
     assert gens.release_lost(job.response_id, fence, int(time.time() * 1000)) is not None
     publisher.step(0)
     assert engine.cancelled == [request_id] and engine.released == 1 and publisher.active_count == 0
+
+
+def interval_publisher(r: redis.Redis, interval_s: float) -> tuple[FakeEngine, TokenPublisher, GenerationJob]:
+    """A publisher with a stream interval, its one request admitted (and its start entry out)."""
+    engine = FakeEngine()
+    gens = Generations(r, TTL_S)
+    publisher = TokenPublisher(
+        r, cast(Engine, engine), gens, dispatch=lambda _: None, stream_interval_s=interval_s
+    )
+    job = staged_job(r, max_output_tokens=16)
+    fence, plan = claim_and_plan(gens, job)
+    publisher.start_request(job.response_id, fence, plan)
+    return engine, publisher, job
+
+
+def decoding(job: GenerationJob, tokens: list[int]) -> GenerationOutput:
+    return GenerationOutput(job.response_id, generated_tokens=tokens, status=RequestStatus.DECODING)
+
+
+def test_a_stream_interval_sends_the_first_token_at_once_then_one_chunk_per_interval(r: redis.Redis) -> None:
+    engine, publisher, job = interval_publisher(r, interval_s=0.3)
+    engine.outputs.append(decoding(job, [11]))
+    publisher.step(0)
+    # The first token is never held: time to first token is the engine's.
+    assert stream(r, job.response_id) == [StartEntry(3), TokensEntry([11], start=0)]
+    for step in range(2, 5):  # three more engine steps well within the interval: nothing goes out
+        engine.outputs.append(decoding(job, list(range(11, 11 + step))))
+        publisher.step(0)
+    assert stream(r, job.response_id) == [StartEntry(3), TokensEntry([11], start=0)]
+    # Once the interval has passed, the held tokens go out as one chunk, without a new engine step.
+    deadline = time.monotonic() + 5
+    while len(stream(r, job.response_id)) < 3 and time.monotonic() < deadline:
+        publisher.step(0.05)
+    assert stream(r, job.response_id)[2:] == [TokensEntry([12, 13, 14], start=1)]
+
+
+def test_a_stream_interval_never_holds_the_end(r: redis.Redis) -> None:
+    engine, publisher, job = interval_publisher(r, interval_s=30)
+    engine.outputs.append(decoding(job, [11]))
+    publisher.step(0)
+    engine.outputs.append(decoding(job, [11, 12]))
+    publisher.step(0)
+    engine.outputs.append(
+        GenerationOutput(job.response_id, generated_tokens=[11, 12, 13, EOS], status=RequestStatus.FINISHED)
+    )
+    publisher.step(0)
+    assert stream(r, job.response_id) == [
+        StartEntry(3),
+        TokensEntry([11], start=0),
+        TokensEntry([12, 13, EOS], start=1),
+        FinishEntry("stop", 3, 4),
+    ]
+    assert engine.released == 1 and publisher.active_count == 0
+
+
+def test_a_stream_interval_checks_cancellations_once_per_interval_and_drops_held_tokens(
+    r: redis.Redis,
+) -> None:
+    engine, publisher, job = interval_publisher(r, interval_s=0.3)
+    engine.outputs.append(decoding(job, [11]))
+    publisher.step(0)
+    r.set(keys.cancel(job.response_id), "1", ex=60)
+    engine.outputs.append(decoding(job, [11, 12]))
+    publisher.step(0)  # within the interval: neither the token nor the flag is looked at yet
+    assert engine.cancelled == []
+    deadline = time.monotonic() + 5
+    while not engine.cancelled and time.monotonic() < deadline:
+        publisher.step(0.05)
+    assert engine.cancelled == [job.response_id]
+    entries = stream(r, job.response_id)
+    # The held token went out with the round that saw the flag, or not at all: either way the
+    # finish entry counts exactly the tokens in the stream.
+    tokens = sum(len(entry.token_ids) for entry in entries if isinstance(entry, TokensEntry))
+    assert isinstance(entries[-1], FinishEntry) and entries[-1].finish_reason == "cancelled"
+    assert entries[-1].output_tokens == tokens
+    r.delete(keys.cancel(job.response_id))
