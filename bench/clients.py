@@ -34,6 +34,8 @@ class StreamTiming:
     total_s: float
     tokens: int
     error: str | None = None
+    frames: int = 0
+    """Frames that carried tokens (a server that sends several tokens per delta sends fewer)."""
 
     @property
     def itl_s(self) -> float | None:
@@ -69,10 +71,12 @@ def _data_of(frame: bytes) -> bytes:
     return frame[start + 6 :] if start >= 0 else b""
 
 
-def _timing(started: float, first: float | None, last: float | None, tokens: int) -> StreamTiming:
+def _timing(
+    started: float, first: float | None, last: float | None, tokens: int, frames: int
+) -> StreamTiming:
     first = first if first is not None else time.perf_counter()
     last = last if last is not None else first
-    return StreamTiming(first - started, last - first, last - started, tokens)
+    return StreamTiming(first - started, last - first, last - started, tokens, frames=frames)
 
 
 async def _timed_stream(
@@ -107,7 +111,7 @@ async def _timed_stream(
                 if found is not None:
                     reported = found
     tokens = counted if usage_tokens is None else (reported or 0)
-    return _timing(started, first, last, tokens)
+    return _timing(started, first, last, tokens, counted)
 
 
 def _is_resq_delta(frame: bytes) -> bool:

@@ -160,16 +160,12 @@ def b7_table(results: ResultSet) -> Table:
     rows = []
     for model in _models(results, "B1"):
         for clients in _concurrencies(results, "B1", model):
-            server = [
-                results.scalar("B1", system, "server_cpu_us_per_token", model, clients)
-                for system in B7_SYSTEMS
-            ]
+            server, engine = (
+                [results.scalar("B1", system, metric, model, clients) for system in B7_SYSTEMS]
+                for metric in ("server_cpu_us_per_token", "engine_cpu_us_per_token")
+            )
             if all(value is None for value in server):
                 continue
-            engine = [
-                results.scalar("B1", system, "engine_cpu_us_per_token", model, clients)
-                for system in B7_SYSTEMS
-            ]
             rows.append(
                 [model, str(clients)]
                 + [fmt(value) for value in server]
@@ -182,12 +178,14 @@ def b7_table(results: ResultSet) -> Table:
                     )
                     for peer in ("serve", "serve-defaults")
                 ]
+                + [fmt(results.scalar("B1", "resq", "tokens_per_frame", model, clients))]
             )
     headers = [
         "model", "clients",
         "resq us/token", "serve", "serve (defaults)",
         "engine thread: resq", "serve", "serve (defaults)",
         "resq / serve", "resq / serve (defaults)",
+        "resq tokens / delta",
     ]  # fmt: skip
     return Table(
         "B7 CPU per streamed token outside the engine thread (us, median of rounds; every resq process and Redis)",
@@ -294,6 +292,10 @@ def b4_table(results: ResultSet) -> Table:
                 fmt_paired(
                     results.per_round_ratios("B4", "resq", "floor", "cpu_us_per_token", "tiny", clients)
                 ),
+                fmt(results.scalar("B4", "resq", "tokens_per_frame", "tiny", clients)),
+                fmt_paired(
+                    results.per_round_ratios("B4", "resq", "floor", "cpu_us_per_frame", "tiny", clients)
+                ),
             ]
         )
     for record in results.matching("B4cap", "resq", "tiny"):
@@ -304,11 +306,13 @@ def b4_table(results: ResultSet) -> Table:
                 f"{metrics['held']:.0f} held",
                 f"RSS {metrics['rss_idle_mb']:.0f} -> {metrics['rss_held_mb']:.0f} MB",
                 f"{metrics['kb_per_stream']:.0f} KB/stream",
+                "",
+                "",
             ]
         )
     return Table(
         "B4 API cost (API process CPU us per streamed token, median of rounds)",
-        ["load", "resq API", "floor", "resq / floor"],
+        ["load", "resq API", "floor", "resq / floor", "resq tokens / frame", "resq / floor per frame"],
         rows,
     )
 

@@ -362,6 +362,8 @@ class BenchRun:
                 }
         bad = self._check(system, timings, tokens)
         total_tokens = sum(timing.tokens for timing in timings)
+        frames = sum(timing.frames for timing in timings)
+        per_frame = {"tokens_per_frame": total_tokens / frames} if frames else {}
         self.results.add(
             RunRecord(
                 "B1",
@@ -369,7 +371,13 @@ class BenchRun:
                 model.key,
                 concurrency,
                 round_index,
-                metrics={"tok_s": total_tokens / wall, "wall_s": wall, "bad_streams": bad, **cpu},
+                metrics={
+                    "tok_s": total_tokens / wall,
+                    "wall_s": wall,
+                    "bad_streams": bad,
+                    **per_frame,
+                    **cpu,
+                },
                 samples={
                     "ttft_ms": [timing.ttft_s * 1000 for timing in timings if timing.error is None],
                     "itl_ms": [
@@ -434,6 +442,7 @@ class BenchRun:
         cpu = _cpu_seconds(pid) - before
         bad = self._check(system, timings, tokens)
         streamed = sum(timing.tokens for timing in timings)
+        frames = sum(timing.frames for timing in timings)
         self.results.add(
             RunRecord(
                 "B4",
@@ -443,6 +452,9 @@ class BenchRun:
                 round_index,
                 metrics={
                     "cpu_us_per_token": cpu * 1e6 / max(1, streamed),
+                    # Per delta frame too: resq packs a stream interval's tokens into one frame.
+                    "cpu_us_per_frame": cpu * 1e6 / max(1, frames),
+                    "tokens_per_frame": streamed / max(1, frames),
                     "cpu_s": cpu,
                     "wall_s": wall,
                     "bad_streams": bad,

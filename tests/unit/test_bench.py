@@ -12,6 +12,7 @@ from bench.report import (
     Target,
     b1_ratio_table,
     b1_table,
+    b4_table,
     b5_ratio,
     b5_ratios,
     b5_table,
@@ -381,6 +382,26 @@ def test_b4_is_judged_against_the_floor_at_the_widest_load() -> None:
     assert b4[0].measured == pytest.approx(50 / 30) and b4[0].met is True
 
 
+def test_b4_also_compares_cpu_per_delta_frame_when_resq_packs_tokens() -> None:
+    """With a stream interval resq sends several tokens per frame: per token it may beat a floor
+    that sends one frame per token, so the table also says what each costs per frame."""
+    results = ResultSet()
+    for round_index, frame_ratio in enumerate((2.0, 3.0, 4.0)):
+        resq = {"cpu_us_per_token": 20.0, "cpu_us_per_frame": 30.0 * frame_ratio, "tokens_per_frame": 5.0}
+        floor = {"cpu_us_per_token": 30.0, "cpu_us_per_frame": 30.0, "tokens_per_frame": 1.0}
+        results.add(RunRecord("B4", "resq", "tiny", 64, round_index, resq))
+        results.add(RunRecord("B4", "floor", "tiny", 64, round_index, floor))
+    row = b4_table(results).rows[0]
+    assert row == [
+        "64 clients",
+        "20.0",
+        "30.0",
+        "0.67, 0.67, 0.67 -> 0.67x",
+        "5.0",
+        "2.00, 3.00, 4.00 -> 3.00x",
+    ]
+
+
 def test_cpu_split_counts_the_engine_threads_apart() -> None:
     from bench.cpu_accounting import split
 
@@ -423,3 +444,22 @@ def test_engine_threads_are_found_by_the_generation_loop_name() -> None:
         thread.join()
     with pytest.raises(EngineThreadNotFoundError, match="runs no"):
         engine_threads(os.getpid())
+
+
+def test_the_stream_interval_table_pairs_each_interval_with_the_first_per_round() -> None:
+    from bench.stream_interval import SCENARIO, interval_table, system_name
+
+    results = ResultSet()
+    for round_index, (off, on) in enumerate([(1000.0, 1500.0), (1000.0, 2000.0), (800.0, 1600.0)]):
+        for interval, tok_s, cpu in ((0, off, 400.0), (50, on, 100.0 * (round_index + 1))):
+            metrics = {
+                "tok_s": tok_s,
+                "server_cpu_us_per_token": cpu,
+                "tokens_per_frame": 1.0 + interval / 10,
+            }
+            results.add(RunRecord(SCENARIO, system_name(interval), "tiny", 32, round_index, metrics))
+    table = interval_table(results, [0, 50], "tiny", 32)
+    first, second = table.rows
+    assert first[0] == "0 ms" and first[-2:] == ["-", "-"]
+    assert second[:3] == ["50 ms", "1,600", "6.0"]
+    assert second[-2:] == ["1.50, 2.00, 2.00 -> 2.00x", "0.25, 0.50, 0.75 -> 0.50x"]

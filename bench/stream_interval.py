@@ -1,0 +1,163 @@
+"""The stream interval (``RESQ_STREAM_INTERVAL_MS``) A/B: throughput and CPU per token, paired per round.
+
+One resq stack per interval (each with its own GPU worker, two post-process workers, an API and a
+private redis-server), all started at once and loaded one at a time: ``clients`` concurrent greedy
+streams of ``tokens`` tokens each, in an order rotated between rounds
+(:func:`bench.stats.alternated`), after a full-width warm-up of every stack. Per run: streamed
+tokens per second, tokens per delta frame, TTFT p50, and B7's CPU per streamed token outside the
+engine thread (:mod:`bench.cpu_accounting`, every process of the stack and its Redis). Ratios are
+medians of per-round ratios against the first interval given.
+
+``python -m bench.stream_interval`` (``make bench-interval``) runs it and prints the tables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+
+import click
+import redis
+
+from bench import clients, cpu_accounting
+from bench.models import ensure_bench, ensure_tiny
+from bench.procs import ProcGroup
+from bench.report import Table, fmt, fmt_paired, to_markdown
+from bench.results import ResultSet, RunRecord
+from bench.stats import alternated, median
+from bench.systems import HttpSystems, ResqStack
+from resq.embedded_redis import EmbeddedRedis
+
+SCENARIO = "interval"
+ROLES = ("gpu-worker", "postprocess", "api", "redis")
+
+
+def system_name(interval_ms: int) -> str:
+    """How a run at ``interval_ms`` is named in the results and tables."""
+    return f"{interval_ms} ms"
+
+
+async def _load(stack: ResqStack, concurrency: int, tokens: int) -> tuple[list[clients.StreamTiming], float]:
+    async with clients.new_client() as client:
+        return await clients.concurrently(
+            concurrency, lambda: clients.resq_stream(client, stack.base_url, stack.model.served_name, tokens)
+        )
+
+
+def measure_once(system: HttpSystems, concurrency: int, tokens: int) -> dict[str, float]:
+    """One loaded run of ``system``'s stack: its metrics (raises when a stream failed or was short)."""
+    meter = system.meter("resq")
+    engine = meter.engine_keys()
+    before = cpu_accounting.thread_times(meter.pids)
+    timings, wall = asyncio.run(_load(system.stack, concurrency, tokens))
+    after = cpu_accounting.thread_times(meter.pids)
+    bad = [timing for timing in timings if timing.error is not None or timing.tokens != tokens]
+    if bad:
+        raise RuntimeError(f"{len(bad)} of {len(timings)} streams failed or were short: {bad[0]}")
+    streamed = sum(timing.tokens for timing in timings)
+    spent = cpu_accounting.split(before, after, engine, meter.labels)
+    return {
+        "tok_s": streamed / wall,
+        "server_cpu_us_per_token": spent.server_s * 1e6 / streamed,
+        "engine_cpu_us_per_token": spent.engine_s * 1e6 / streamed,
+        "tokens_per_frame": streamed / max(1, sum(timing.frames for timing in timings)),
+        "ttft_p50_ms": median([timing.ttft_s * 1000 for timing in timings]),
+        **{f"cpu_us_per_token:{label}": s * 1e6 / streamed for label, s in spent.server_s_by_label.items()},
+    }
+
+
+def interval_table(results: ResultSet, intervals: list[int], model: str, concurrency: int) -> Table:
+    """Every interval's medians, and its per-round ratios against the first interval."""
+    base = system_name(intervals[0])
+    rows = []
+    for interval in intervals:
+        name = system_name(interval)
+
+        def value(metric: str, name: str = name) -> float | None:
+            return results.scalar(SCENARIO, name, metric, model, concurrency)
+
+        paired = [
+            fmt_paired(results.per_round_ratios(SCENARIO, name, base, metric, model, concurrency))
+            if interval != intervals[0]
+            else "-"
+            for metric in ("tok_s", "server_cpu_us_per_token")
+        ]
+        rows.append(
+            [
+                name,
+                fmt(value("tok_s")),
+                fmt(value("tokens_per_frame")),
+                fmt(value("ttft_p50_ms")),
+                fmt(value("server_cpu_us_per_token")),
+                *[fmt(value(f"cpu_us_per_token:{role}")) for role in ROLES],
+                fmt(value("engine_cpu_us_per_token")),
+                *paired,
+            ]
+        )
+    return Table(
+        f"Stream interval, {model}, {concurrency} clients (medians of rounds; ratios paired per round against {base})",
+        [
+            "interval",
+            "tok/s",
+            "tokens / delta",
+            "TTFT p50 ms",
+            "CPU us/token outside the engine",
+            *ROLES,
+            "engine thread",
+            f"tok/s vs {base}",
+            f"CPU/token vs {base}",
+        ],
+        rows,
+    )
+
+
+@click.command()
+@click.option(
+    "--intervals", default="0,50", show_default=True, help="RESQ_STREAM_INTERVAL_MS values, comma-separated."
+)
+@click.option("--model", type=click.Choice(["tiny", "bench"]), default="tiny", show_default=True)
+@click.option("--rounds", type=int, default=3, show_default=True)
+@click.option("--clients", "concurrency", type=int, default=32, show_default=True)
+@click.option("--tokens", type=int, default=256, show_default=True)
+def main(intervals: str, model: str, rounds: int, concurrency: int, tokens: int) -> None:
+    """Throughput and CPU per token of resq at several stream intervals, paired per round."""
+    wanted = [int(value) for value in intervals.split(",")]
+    cache = Path.home() / ".cache" / "resq" / "bench-models"
+    served = ensure_bench(cache) if model == "bench" else ensure_tiny(cache)
+    group = ProcGroup(Path(tempfile.mkdtemp(prefix="resq-bench-interval-")))
+    servers = {interval: EmbeddedRedis() for interval in wanted}
+    systems: dict[str, HttpSystems] = {}
+    try:
+        for interval, server in servers.items():
+            server.start()
+            env = {"RESQ_STREAM_INTERVAL_MS": str(interval)}
+            stack = ResqStack(group, server.url, served, gpu_worker_env=env)
+            stack.start()
+            pid = cpu_accounting.redis_server_pid(redis.Redis.from_url(server.url).info("server"))
+            systems[system_name(interval)] = HttpSystems(stack, redis_pid=pid)
+        for system in systems.values():
+            system.stack.wait_ready()
+        click.echo(f"model {served.key}; {concurrency} clients x {tokens} tokens; logs in {group.log_dir}")
+        for system in systems.values():  # warm-up at full width
+            asyncio.run(_load(system.stack, concurrency, tokens))
+        results = ResultSet()
+        for round_index in range(rounds):
+            for name in alternated(list(systems), round_index):
+                metrics = measure_once(systems[name], concurrency, tokens)
+                results.add(RunRecord(SCENARIO, name, served.key, concurrency, round_index, metrics))
+                click.echo(
+                    f"round {round_index + 1}: {name:>6}: {metrics['tok_s']:7.1f} tok/s, "
+                    f"{metrics['server_cpu_us_per_token']:6.1f} us/token outside the engine, "
+                    f"{metrics['tokens_per_frame']:.1f} tokens per delta"
+                )
+        click.echo("")
+        click.echo(to_markdown(interval_table(results, wanted, served.key, concurrency)))
+    finally:
+        group.stop_all()
+        for server in servers.values():
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()
