@@ -22,13 +22,13 @@ import logging
 import uuid
 import weakref
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from resq import keys
+from resq.followed_streams import FollowedStreams, entries_past
 from resq.redis_types import StreamEntry, StreamId, format_id, multi_stream_entries, parse_id, range_entries
 
 log = logging.getLogger(__name__)
@@ -51,11 +51,8 @@ class Follower:
 
     def deliver(self, entries: list[StreamEntry]) -> None:
         """Take the entries past this follower's position (others were seen already)."""
-        for entry in entries:
-            entry_id = parse_id(entry[0])
-            if entry_id > self.position:
-                self._entries.append(entry)
-                self.position = entry_id
+        fresh, self.position = entries_past(self.position, entries)
+        self._entries += fresh
         if self._entries:
             self._ready.set()
 
@@ -70,12 +67,6 @@ class Follower:
         return batch
 
 
-@dataclass
-class _Followed:
-    position: StreamId
-    followers: set[Follower] = field(default_factory=set)
-
-
 _HUBS: weakref.WeakKeyDictionary[Redis, EventHub] = weakref.WeakKeyDictionary()
 
 
@@ -86,10 +77,7 @@ class EventHub:
         self._redis = redis
         self._block_ms = block_ms
         self._count = count
-        self._followed: dict[bytes, _Followed] = {}
-        self._wakeup_key = keys.api_wakeup(uuid.uuid4().hex)
-        # A fresh key: every entry on it is a wake-up ("$" could miss one sent before the read lands).
-        self._wakeup_position = "0-0"
+        self._streams: FollowedStreams[Follower] = FollowedStreams(keys.api_wakeup(uuid.uuid4().hex))
         self._reading: frozenset[bytes] = frozenset()
         self._woken = False
         self._changed = asyncio.Event()
@@ -127,23 +115,19 @@ class EventHub:
         # The hub may be ahead of what this follower read: fetch the gap before joining, so the
         # follower misses nothing the hub already handed to others. No await between the last
         # check and joining, so nothing can slip in between.
-        while (followed := self._followed.get(name)) is not None and followed.position > follower.position:
+        while (position := self._streams.position(name)) is not None and position > follower.position:
             gap = await self._redis.xrange(
-                key, min=f"({format_id(follower.position)}", max=format_id(followed.position)
+                key, min=f"({format_id(follower.position)}", max=format_id(position)
             )
             follower.deliver(range_entries(gap))
-        if followed is None:
-            followed = self._followed[name] = _Followed(follower.position)
-        followed.followers.add(follower)
+        self._streams.add(name, follower, follower.position)
         self._start()
         if name not in self._reading:
             await self._wake()
         try:
             yield follower
         finally:
-            followed.followers.discard(follower)
-            if not followed.followers and self._followed.get(name) is followed:
-                del self._followed[name]
+            self._streams.discard(name, follower)
 
     # --- the reader ----------------------------------------------------------------------------
 
@@ -157,20 +141,17 @@ class EventHub:
             return  # not blocked (it will include the new log), or a wake-up is on its way
         self._woken = True
         pipe = self._redis.pipeline(transaction=False)
-        pipe.xadd(self._wakeup_key, {"w": "1"}, maxlen=1, approximate=False)
-        pipe.expire(self._wakeup_key, WAKEUP_TTL_S)
+        pipe.xadd(self._streams.wakeup_key, {"w": "1"}, maxlen=1, approximate=False)
+        pipe.expire(self._streams.wakeup_key, WAKEUP_TTL_S)
         await pipe.execute()
 
     async def _run(self) -> None:
         while True:
-            if not self._followed:
+            if not self._streams:
                 self._changed.clear()
                 await self._changed.wait()
                 continue
-            streams: dict[Any, Any] = {
-                key: format_id(followed.position) for key, followed in self._followed.items()
-            }
-            streams[self._wakeup_key] = self._wakeup_position
+            streams: dict[Any, Any] = self._streams.read_arguments()
             self._reading = frozenset(streams)
             self._woken = False
             try:
@@ -184,15 +165,6 @@ class EventHub:
             self._dispatch(multi_stream_entries(reply))
 
     def _dispatch(self, replies: list[tuple[bytes, list[StreamEntry]]]) -> None:
-        for key, entries in replies:
-            if not entries:
-                continue
-            if key == self._wakeup_key.encode():
-                self._wakeup_position = entries[-1][0].decode()
-                continue
-            followed = self._followed.get(key)
-            if followed is None:
-                continue
-            followed.position = max(followed.position, parse_id(entries[-1][0]))
-            for follower in list(followed.followers):
+        for followers, entries in self._streams.route(replies):
+            for follower in followers:
                 follower.deliver(entries)

@@ -22,13 +22,13 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from redis import Redis
 from redis.exceptions import RedisError
 
 from resq import keys
+from resq.followed_streams import FollowedStreams, entries_past
 from resq.redis_types import (
     StreamEntry,
     StreamId,
@@ -110,11 +110,8 @@ class _HubStream:
             self._take(entries)
 
     def _take(self, entries: list[StreamEntry]) -> None:
-        for entry in entries:
-            entry_id = parse_id(entry[0])
-            if entry_id > self.position:
-                self._entries.append(entry)
-                self.position = entry_id
+        fresh, self.position = entries_past(self.position, entries)
+        self._entries += fresh
         if self._entries:
             self._ready.notify_all()
 
@@ -154,12 +151,6 @@ class _HubStream:
         self._hub.leave(self)
 
 
-@dataclass
-class _Followed:
-    position: StreamId
-    readers: set[_HubStream] = field(default_factory=set)
-
-
 class TokenStreamHub:
     """The token streams one process follows, read by one thread with one blocking ``XREAD``."""
 
@@ -169,10 +160,9 @@ class TokenStreamHub:
         self._count = count
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self._followed: dict[bytes, _Followed] = {}
-        self._wakeup_key = keys.postprocess_wakeup(uuid.uuid4().hex)
-        # A fresh key: every entry on it is a wake-up ("$" could miss one sent before the read lands).
-        self._wakeup_position = "0-0"
+        self._streams: FollowedStreams[_HubStream] = FollowedStreams(
+            keys.postprocess_wakeup(uuid.uuid4().hex)
+        )
         self._reading: frozenset[bytes] = frozenset()
         self._woken = False
         self._stopped = False
@@ -185,11 +175,7 @@ class TokenStreamHub:
     def join(self, reader: _HubStream) -> StreamId:
         """Add ``reader`` to its stream's readers; the hub's position on that stream."""
         with self._lock:
-            followed = self._followed.get(reader.name)
-            if followed is None:
-                followed = self._followed[reader.name] = _Followed(reader.position)
-            followed.readers.add(reader)
-            position = followed.position
+            position = self._streams.add(reader.name, reader, reader.position)
             wake = reader.name not in self._reading and bool(self._reading) and not self._woken
             if wake:
                 self._woken = True
@@ -204,12 +190,7 @@ class TokenStreamHub:
     def leave(self, reader: _HubStream) -> None:
         """Stop feeding ``reader``."""
         with self._lock:
-            followed = self._followed.get(reader.name)
-            if followed is None:
-                return
-            followed.readers.discard(reader)
-            if not followed.readers:
-                del self._followed[reader.name]
+            self._streams.discard(reader.name, reader)
 
     def close(self) -> None:
         """Stop the reading thread (within one blocking read)."""
@@ -220,8 +201,8 @@ class TokenStreamHub:
     def _wake(self) -> None:
         try:
             pipe = self.redis.pipeline(transaction=False)
-            pipe.xadd(self._wakeup_key, {"w": "1"}, maxlen=1, approximate=False)
-            pipe.expire(self._wakeup_key, WAKEUP_TTL_S)
+            pipe.xadd(self._streams.wakeup_key, {"w": "1"}, maxlen=1, approximate=False)
+            pipe.expire(self._streams.wakeup_key, WAKEUP_TTL_S)
             pipe.execute()
         except RedisError:
             # The blocked read returns within its block time anyway.
@@ -230,14 +211,11 @@ class TokenStreamHub:
     def _run(self) -> None:
         while True:
             with self._lock:
-                while not self._followed and not self._stopped:
+                while not self._streams and not self._stopped:
                     self._changed.wait()
                 if self._stopped:
                     return
-                streams: dict[Any, Any] = {
-                    name: format_id(followed.position) for name, followed in self._followed.items()
-                }
-                streams[self._wakeup_key] = self._wakeup_position
+                streams: dict[Any, Any] = self._streams.read_arguments()
                 self._reading = frozenset(streams)
                 self._woken = False
             try:
@@ -252,19 +230,8 @@ class TokenStreamHub:
             self._dispatch(multi_stream_entries(reply))
 
     def _dispatch(self, replies: list[tuple[bytes, list[StreamEntry]]]) -> None:
-        deliveries: list[tuple[list[_HubStream], list[StreamEntry]]] = []
         with self._lock:
-            for name, entries in replies:
-                if not entries:
-                    continue
-                if name == self._wakeup_key.encode():
-                    self._wakeup_position = entries[-1][0].decode()
-                    continue
-                followed = self._followed.get(name)
-                if followed is None:
-                    continue
-                followed.position = max(followed.position, parse_id(entries[-1][0]))
-                deliveries.append((list(followed.readers), entries))
+            deliveries = self._streams.route(replies)
         # Outside the hub's lock: a reader catching up holds its own lock and may wait for ours.
         for readers, entries in deliveries:
             for reader in readers:
