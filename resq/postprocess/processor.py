@@ -23,7 +23,7 @@ from resq.options import ProcessingOptions
 from resq.postprocess.detokenizer import IncrementalDetokenizer
 from resq.postprocess.logprobs import LogprobAligner
 from resq.postprocess.parsers import ReasoningTokenCounter, make_parser
-from resq.postprocess.segments import Segment
+from resq.postprocess.segments import Segment, joined
 from resq.postprocess.stops import StopSequences
 from resq.protocols import WireProtocol, make_protocol
 from resq.sealed import Sealer
@@ -157,7 +157,8 @@ class ResponseProcessor:
             return self._shown(self._parser.feed(text))
         # One token at a time, so that each token's characters are known: the parser says which
         # of them are reasoning, and text segments say where they lie. The parser sees the same
-        # chunks whatever the entry sizes, so the events are identical for any chunking too.
+        # chunks whatever the entry sizes, so items and counts are identical for any chunking;
+        # the segments of one entry are joined, so deltas follow the entries (as without it).
         segments: list[Segment] = []
         for index, token_id in enumerate(token_ids):
             text = self._detokenizer.feed([token_id])
@@ -171,7 +172,7 @@ class ResponseProcessor:
                 counter.settle(self._parser.take_reasoning_spans(), self._parser.resolved)
         if counter is not None:
             self.reasoning_tokens = counter.count
-        return self._shown(segments)
+        return joined(self._shown(segments))
 
     def _with_logprobs(self, segments: list[Segment]) -> list[Segment]:
         return self._logprobs.attach(segments) if self._logprobs is not None else segments

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,3 +47,23 @@ class CustomToolCallSegment:
 
 
 Segment = TextSegment | ReasoningSegment | ToolCallSegment | CustomToolCallSegment
+
+
+def joined(segments: Iterable[Segment]) -> list[Segment]:
+    """``segments`` with each run of consecutive text (or reasoning) segments joined into one.
+
+    The processor walks a reasoning or logprobs answer one token at a time, which yields a
+    segment per token: joined, one token-stream entry (a stream interval's tokens) makes one
+    delta per item it touches instead of one per token. Text keeps its first segment's
+    ``start`` and all the logprobs in order; calls are never joined.
+    """
+    out: list[Segment] = []
+    for segment in segments:
+        last = out[-1] if out else None
+        if isinstance(segment, TextSegment) and isinstance(last, TextSegment):
+            out[-1] = TextSegment(last.text + segment.text, [*last.logprobs, *segment.logprobs], last.start)
+        elif isinstance(segment, ReasoningSegment) and isinstance(last, ReasoningSegment):
+            out[-1] = ReasoningSegment(last.text + segment.text)
+        else:
+            out.append(segment)
+    return out

@@ -29,6 +29,7 @@ from tests.e2e.test_faults import (  # noqa: F401  (fixtures)
     references,
     stream_with_fault,
 )
+from tests.fixture_model import scenario
 from tests.support.invariants import as_dict, check_stream
 
 pytestmark = pytest.mark.e2e
@@ -105,3 +106,29 @@ def test_a_cancel_stops_the_generation_within_the_interval(
     # The flag is read with the next publication, at most an interval after the last one.
     print(f"stopped {stopped_after * 1000:.0f} ms after the cancel")
     assert stopped_after < 2.0, stopped_after
+
+
+def test_a_reasoning_answer_gets_one_delta_per_chunk_and_item(
+    make_stack: StackFactory,  # noqa: F811  (the fixture imported above)
+) -> None:
+    """With a reasoning parser the processor walks a chunk token by token, then joins what it found."""
+    stack = make_stack(
+        RESQ_STREAM_INTERVAL_MS=DEFAULT_INTERVAL_MS, RESQ_REASONING_PARSER="qwen3", RESQ_TOOL_PARSER="hermes"
+    )
+    expected = scenario("reasoning")
+    with stack.client().responses.create(
+        model=MODEL, stream=True, input=expected.messages[-1]["content"], temperature=0
+    ) as stream:
+        events: list[dict[str, Any]] = [as_dict(event) for event in stream]
+    final = check_stream(events)
+    reasoning, message = final["output"]
+    assert reasoning["type"] == "reasoning" and message["type"] == "message"
+    assert reasoning["content"][0]["text"] == "Two plus two equals four."
+    assert message["content"][0]["text"] == "The answer is 4."
+    deltas = [event for event in events if event["type"].endswith("_text.delta")]
+    assert "".join(e["delta"] for e in deltas if e["type"] == "response.reasoning_text.delta") == (
+        "Two plus two equals four."
+    )
+    output_tokens = final["usage"]["output_tokens"]
+    print(f"{len(deltas)} deltas for {output_tokens} tokens")
+    assert len(deltas) <= output_tokens // 2, (len(deltas), output_tokens)

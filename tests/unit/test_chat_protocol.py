@@ -206,13 +206,15 @@ def test_reasoning_text_and_a_call_for_any_token_chunking(with_markup_tokens: bo
     tokenizer = parser_tokenizer(with_markup_tokens)
     token_ids = tokenizer.encode(ANSWER)
     opts = reasoning_and_tools(include_usage=True)
-    reference: list[bytes] | None = None
+    # The chunks follow the entries (the processor joins each entry's segments); what a client
+    # assembles of them, and the final completion, never do.
+    reference: tuple[bytes, Assembled] | None = None
     for chunks in random_chunkings(token_ids, 24, seed=5):
         result = run_chat(tokenizer, chunks, opts)
+        assembled = check_chunks(result, opts)
         if reference is None:
-            reference = result.data
-            assembled = check_chunks(result, opts)
-        assert result.data == reference, chunks
+            reference = (result.terminal.data, assembled)
+        assert (result.terminal.data, assembled) == reference, chunks
 
     assert result.status == "completed" and result.terminal.type == types.CHAT_DONE
     assert assembled.finish_reason == "tool_calls"
@@ -342,13 +344,13 @@ def test_a_stop_sequence_drops_the_call_after_it() -> None:
     tokenizer = tiny_tokenizer()
     token_ids = tokenizer.encode(ANSWER)
     opts = reasoning_and_tools(stop=("check",), include_usage=True)
-    reference: list[bytes] | None = None
+    reference: tuple[bytes, Assembled] | None = None
     for chunks in random_chunkings(token_ids, 16, seed=2):
-        # With a reasoning parser the processor goes one token at a time: the same chunks exactly.
         result = run_chat(tokenizer, chunks, opts, finish="cancelled")
+        seen = (result.terminal.data, check_chunks(result, opts))  # the chunks follow the entries
         if reference is None:
-            reference = result.data
-        assert result.data == reference, chunks
+            reference = seen
+        assert seen == reference, chunks
     assembled = check_chunks(result, opts)
     assert result.processor.stopped_early
     assert assembled.reasoning == REASONING and assembled.content == "Let me " and assembled.calls == []
@@ -412,12 +414,13 @@ def test_logprobs_on_content_chunks_only_when_asked() -> None:
     tokenizer = tiny_tokenizer()
     token_ids = tokenizer.encode(TEXT)
     opts = chat_options(logprobs=True)
-    reference: list[bytes] | None = None
+    reference: tuple[bytes, Assembled] | None = None
     for chunks in random_chunkings(token_ids, 12, seed=4):
         result = run_chat(tokenizer, chunks, opts)
+        seen = (result.terminal.data, check_chunks(result, opts))  # the chunks follow the entries
         if reference is None:
-            reference = result.data
-        assert result.data == reference, chunks
+            reference = seen
+        assert seen == reference, chunks
     assembled = check_chunks(result, opts)
     entries = assembled.logprobs
     assert [entry["logprob"] for entry in entries] == [logprob_at(i) for i in range(len(token_ids))]
@@ -429,12 +432,13 @@ def test_logprobs_with_reasoning_and_calls() -> None:
     tokenizer = tiny_tokenizer()
     token_ids = tokenizer.encode(ANSWER)
     opts = reasoning_and_tools(logprobs=True, include_usage=True)
-    reference: list[bytes] | None = None
+    reference: tuple[bytes, Assembled] | None = None
     for chunks in random_chunkings(token_ids, 12, seed=6):
         result = run_chat(tokenizer, chunks, opts)
+        seen = (result.terminal.data, check_chunks(result, opts))  # the chunks follow the entries
         if reference is None:
-            reference = result.data
-        assert result.data == reference, chunks
+            reference = seen
+        assert seen == reference, chunks
     assembled = check_chunks(result, opts)
     assert assembled.content == "Let me check.\n" and assembled.logprobs
     shown = b"".join(bytes(entry["bytes"]) for entry in assembled.logprobs).decode()
