@@ -267,6 +267,10 @@ def decoding(job: GenerationJob, tokens: list[int]) -> GenerationOutput:
     return GenerationOutput(job.response_id, generated_tokens=tokens, status=RequestStatus.DECODING)
 
 
+def finished(job: GenerationJob, tokens: list[int]) -> GenerationOutput:
+    return GenerationOutput(job.response_id, generated_tokens=tokens, status=RequestStatus.FINISHED)
+
+
 def test_a_stream_interval_sends_the_first_token_at_once_then_one_chunk_per_interval(r: redis.Redis) -> None:
     engine, publisher, job = interval_publisher(r, interval_s=0.3)
     engine.outputs.append(decoding(job, [11]))
@@ -290,9 +294,7 @@ def test_a_stream_interval_never_holds_the_end(r: redis.Redis) -> None:
     publisher.step(0)
     engine.outputs.append(decoding(job, [11, 12]))
     publisher.step(0)
-    engine.outputs.append(
-        GenerationOutput(job.response_id, generated_tokens=[11, 12, 13, EOS], status=RequestStatus.FINISHED)
-    )
+    engine.outputs.append(finished(job, [11, 12, 13, EOS]))
     publisher.step(0)
     assert stream(r, job.response_id) == [
         StartEntry(3),
