@@ -119,8 +119,8 @@ class Settings(BaseSettings):
         le=1000,
         description=(
             "Shortest time between two token appends of one request: the GPU worker sends what a request "
-            "generated meanwhile as one chunk (one delta event), so the post-processors, the API and Redis "
-            "work per chunk instead of per token. A request's first tokens and its end are never held. "
+            "generated meanwhile as one chunk (one delta event per item it touches), so the post-processors, "
+            "the API and Redis work per chunk instead of per token. A request's first tokens and its end are never held. "
             "0: every engine step's tokens go out with that step."
         ),
     )
