@@ -109,6 +109,19 @@ class CpuSplit:
         """Everything outside the engine threads."""
         return sum(self.server_s_by_label.values())
 
+    def per_token(self, streamed: int) -> dict[str, float]:
+        """The metrics B7 records for a run that streamed ``streamed`` tokens (us per token):
+        outside the engine, the engine, and outside the engine by process label."""
+        streamed = max(1, streamed)
+        return {
+            "server_cpu_us_per_token": self.server_s * 1e6 / streamed,
+            "engine_cpu_us_per_token": self.engine_s * 1e6 / streamed,
+            **{
+                f"server_cpu_us_per_token:{label}": seconds * 1e6 / streamed
+                for label, seconds in self.server_s_by_label.items()
+            },
+        }
+
 
 def split(
     before: ThreadTimes,

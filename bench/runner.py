@@ -349,17 +349,9 @@ class BenchRun:
             before = cpu_accounting.thread_times(meter.pids)
             timings, wall = self._http_streams(client, system, concurrency, tokens, up)
             after = cpu_accounting.thread_times(meter.pids)
-            streamed = max(1, sum(timing.tokens for timing in timings))
             if engine_keys is not None and engine_keys <= after.keys():
                 spent = cpu_accounting.split(before, after, engine_keys, meter.labels)
-                cpu = {
-                    "server_cpu_us_per_token": spent.server_s * 1e6 / streamed,
-                    "engine_cpu_us_per_token": spent.engine_s * 1e6 / streamed,
-                    **{
-                        f"server_cpu_us_per_token:{label}": seconds * 1e6 / streamed
-                        for label, seconds in spent.server_s_by_label.items()
-                    },
-                }
+                cpu = spent.per_token(sum(timing.tokens for timing in timings))
         bad = self._check(system, timings, tokens)
         total_tokens = sum(timing.tokens for timing in timings)
         frames = sum(timing.frames for timing in timings)

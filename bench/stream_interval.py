@@ -56,14 +56,11 @@ def measure_once(system: HttpSystems, concurrency: int, tokens: int) -> dict[str
     if bad:
         raise RuntimeError(f"{len(bad)} of {len(timings)} streams failed or were short: {bad[0]}")
     streamed = sum(timing.tokens for timing in timings)
-    spent = cpu_accounting.split(before, after, engine, meter.labels)
     return {
         "tok_s": streamed / wall,
-        "server_cpu_us_per_token": spent.server_s * 1e6 / streamed,
-        "engine_cpu_us_per_token": spent.engine_s * 1e6 / streamed,
         "tokens_per_frame": streamed / max(1, sum(timing.frames for timing in timings)),
         "ttft_p50_ms": median([timing.ttft_s * 1000 for timing in timings]),
-        **{f"cpu_us_per_token:{label}": s * 1e6 / streamed for label, s in spent.server_s_by_label.items()},
+        **cpu_accounting.split(before, after, engine, meter.labels).per_token(streamed),
     }
 
 
@@ -90,7 +87,7 @@ def interval_table(results: ResultSet, intervals: list[int], model: str, concurr
                 fmt(value("tokens_per_frame")),
                 fmt(value("ttft_p50_ms")),
                 fmt(value("server_cpu_us_per_token")),
-                *[fmt(value(f"cpu_us_per_token:{role}")) for role in ROLES],
+                *[fmt(value(f"server_cpu_us_per_token:{role}")) for role in ROLES],
                 fmt(value("engine_cpu_us_per_token")),
                 *paired,
             ]

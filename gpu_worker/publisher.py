@@ -119,6 +119,8 @@ class TokenPublisher:
         self._stream_interval_s = stream_interval_s
         self._checked_at = 0.0
         """``time.monotonic()`` of the last cancellation check."""
+        self._held_until: float | None = None
+        """When the earliest of the held requests' intervals ends (None: nothing is held)."""
         self._tracked: dict[str, _Tracked] = {}
         self._pending: dict[str, GenerationOutput] = {}
         self._lock = threading.Lock()
@@ -237,14 +239,9 @@ class TokenPublisher:
 
     def _wait_for_held(self, wait_s: float) -> float:
         """``wait_s``, shortened so that held tokens go out when their interval ends."""
-        if not self._pending or self._stream_interval_s <= 0:
+        if self._held_until is None:
             return wait_s
-        with self._lock:
-            held = [self._tracked.get(response_of(request_id)) for request_id in self._pending]
-        sent = [tracked.sent_at for tracked in held if tracked is not None]
-        if not sent:
-            return 0.0
-        return max(0.0, min(wait_s, min(sent) + self._stream_interval_s - time.monotonic()))
+        return max(0.0, min(wait_s, self._held_until - time.monotonic()))
 
     def _due(self, tracked: _Tracked, output: GenerationOutput, now: float) -> bool:
         """Whether ``tracked``'s tokens go out now (else they wait for its stream interval)."""
@@ -262,6 +259,7 @@ class TokenPublisher:
         now = time.monotonic()
         check_due = now - self._checked_at >= self._stream_interval_s
         held: dict[str, GenerationOutput] = {}
+        held_until: float | None = None
         pipe = self._redis.pipeline(transaction=False)
         # (response id, tokens it adds; _FINISH for a finish entry, _START for a start entry)
         appends: list[tuple[str, int]] = []
@@ -280,6 +278,8 @@ class TokenPublisher:
                 continue
             if not self._due(tracked, output, now):
                 held[request_id] = output
+                due_at = tracked.sent_at + self._stream_interval_s
+                held_until = due_at if held_until is None else min(held_until, due_at)
                 continue
             new_tokens = list(output.generated_tokens[tracked.published :])
             if new_tokens:
@@ -296,7 +296,7 @@ class TokenPublisher:
                 finishing[response_id] = finish
         checked = [response_id for response_id in active if response_id not in finishing] if check_due else []
         if not appends and not checked:
-            self._pending = held
+            self._pending, self._held_until = held, held_until
             return
         for response_id in checked:
             pipe.exists(keys.cancel(response_id))
@@ -309,7 +309,7 @@ class TokenPublisher:
         if appends:
             faults.reached("gpu.after_publish")
         # Everything else in it is published, or belongs to no tracked request.
-        self._pending = held
+        self._pending, self._held_until = held, held_until
         ended: list[str] = []
         lost: set[str] = set()
         diverged: set[str] = set()

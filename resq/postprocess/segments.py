@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import groupby
 from typing import Any
 
 
@@ -58,12 +59,18 @@ def joined(segments: Iterable[Segment]) -> list[Segment]:
     ``start`` and all the logprobs in order; calls are never joined.
     """
     out: list[Segment] = []
-    for segment in segments:
-        last = out[-1] if out else None
-        if isinstance(segment, TextSegment) and isinstance(last, TextSegment):
-            out[-1] = TextSegment(last.text + segment.text, [*last.logprobs, *segment.logprobs], last.start)
-        elif isinstance(segment, ReasoningSegment) and isinstance(last, ReasoningSegment):
-            out[-1] = ReasoningSegment(last.text + segment.text)
+    # Runs of one joinable kind share a key; every call is a key of its own.
+    for _, group in groupby(
+        segments, key=lambda s: type(s) if isinstance(s, TextSegment | ReasoningSegment) else id(s)
+    ):
+        run = list(group)
+        first = run[0]
+        if len(run) == 1:
+            out.append(first)
+        elif isinstance(first, TextSegment):
+            texts = [s for s in run if isinstance(s, TextSegment)]
+            logprobs = [entry for s in texts for entry in s.logprobs]
+            out.append(TextSegment("".join(s.text for s in texts), logprobs, first.start))
         else:
-            out.append(segment)
+            out.append(ReasoningSegment("".join(s.text for s in run if isinstance(s, ReasoningSegment))))
     return out
