@@ -7,6 +7,7 @@ test that uses it runs against both post-processing modes.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,8 +87,9 @@ def base_env(redis_url: str, fixture_model_dir: Path) -> dict[str, str]:
         "RESQ_REASONING_PARSER": "qwen3",
         "RESQ_TOOL_PARSER": "hermes",
         # Tests here cancel, disconnect and compare streams a step at a time: every engine step's
-        # tokens go out with it. tests/e2e/test_stream_interval.py runs the default interval.
-        "RESQ_STREAM_INTERVAL_MS": "0",
+        # tokens go out with it. tests/e2e/test_stream_interval.py runs the default interval, and
+        # so does Codex's stack; RESQ_TEST_STREAM_INTERVAL_MS runs e.g. the client tests at another.
+        "RESQ_STREAM_INTERVAL_MS": os.environ.get("RESQ_TEST_STREAM_INTERVAL_MS", "0"),
     }
 
 
