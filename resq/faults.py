@@ -15,7 +15,7 @@ between two writes that recovery must bridge:
 - ``postprocess.after_conversation_append``: a post-processor appended a response's items to its
   conversation and has not appended the terminal event.
 
-Each is exercised by ``tests/e2e/test_fault_points.py``.
+Each is exercised by ``tests/e2e/test_faults.py`` (its "faults at exact points" section).
 """
 
 from __future__ import annotations

@@ -214,6 +214,11 @@ class FlagWatcher:
                     return
             time.sleep(0.0005)
 
+    def wait_seen(self, timeout_s: float) -> None:
+        """Wait until it has seen the flag (which outlives the response): on a loaded machine its
+        thread may not have run between the flag and the response's end."""
+        self._thread.join(timeout=timeout_s)
+
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
@@ -248,6 +253,7 @@ def test_disconnected_stream_stops_generation(stack: Stack, redis_client: redis.
         deadline = time.monotonic() + 30
         while _record_status(redis_client, response_id) != "cancelled" and time.monotonic() < deadline:
             time.sleep(0.1)
+        watcher.wait_seen(10)
     finally:
         watcher.stop()
     assert _record_status(redis_client, response_id) == "cancelled"

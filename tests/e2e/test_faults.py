@@ -65,6 +65,8 @@ LONG = {"input": "Repeat forever.", "temperature": 0, "max_output_tokens": LONG_
 STOPPING_LONG = {**LONG, "max_output_tokens": 600}
 """Longer: a worker asked to stop keeps generating until Celery's shutdown reaches the hand-back."""
 DELTAS_BEFORE_FAULT = 5
+KILLED_CHAT_TOKENS = 400
+"""The chat GPU-kill test's budget: more than LONG's, so the kill lands well before the end."""
 RECOVERY_BOUND_S = 30.0
 """A wide margin over the configured timeouts (seconds) for the bounds these tests measure."""
 
@@ -269,6 +271,21 @@ def references(tmp_path_factory: pytest.TempPathFactory, fixture_model_dir: Path
 def generation_field(client: redis.Redis, response_id: str, name: str) -> str | None:
     value = client.hget(keys.generation(response_id), name)
     return value.decode() if value is not None else None
+
+
+def freeze_then_kill(victim: RoleProcess, client: redis.Redis, response_id: str) -> int:
+    """SIGKILL ``victim`` mid-generation; return the tokens it had appended.
+
+    It is stopped (SIGSTOP) first, so what it had appended is read while it can append no more:
+    a generation that had already ended fails here, by name, instead of as a wait for a resume
+    that never comes.
+    """
+    os.kill(victim.process.pid, signal.SIGSTOP)
+    generated = int(generation_field(client, response_id, "generated") or 0)
+    state = generation_field(client, response_id, "state")
+    victim.kill()
+    assert state == "pending", f"the generation ended ({state}, {generated} tokens) before the kill"
+    return generated
 
 
 def count_deltas(events: list[dict[str, Any]]) -> int:
@@ -819,6 +836,10 @@ def test_chat_stream_survives_a_gpu_worker_killed_mid_generation(
     """Greedy: the text of an uninterrupted run. Seeded (temperature 2): the resumed request draws
     from its seed at the positions it reached, so the text is that of an undisturbed seeded run."""
     stack = make_stack(gpu_workers=2)
+    # Longer than LONG: the kill must land before the end even when a loaded machine delivers the
+    # first deltas late (150 tokens take 0.6 s here; CI once finished them before the fifth delta).
+    budget = {"max_tokens": KILLED_CHAT_TOKENS}
+    greedy = {**LONG, "max_output_tokens": KILLED_CHAT_TOKENS}
     seeded = {"temperature": 2.0, "seed": 11} if sampling == "seeded" else {}
     r = stack.redis
     seen: dict[str, Any] = {}
@@ -827,17 +848,16 @@ def test_chat_stream_survives_a_gpu_worker_killed_mid_generation(
         owner = generation_field(r, response_id, "owner")
         assert owner, "no GPU worker owns the completion"
         victim = stack.role_of(owner)
-        victim.kill()
-        generated = int(generation_field(r, response_id, "generated") or 0)
+        generated = freeze_then_kill(victim, r, response_id)
         seen.update(victim=victim, response_id=response_id, generated=generated)
         wait_until(lambda: generation_field(r, response_id, "epoch") == "2", RECOVERY_BOUND_S, "a resume")
 
-    reference: list[dict[str, Any]] | dict[str, Any] = references(**LONG)
+    reference: list[dict[str, Any]] | dict[str, Any] = references(**greedy)
     if seeded:
-        reference = chat_stream_with_fault(stack.client(), None, **seeded)
-        assert _chat_text(reference) != output_text(references(**LONG)), "the seeded run drew greedily"
-    chunks = chat_stream_with_fault(stack.client(), kill_gpu_worker, **seeded)
-    assert 0 < seen["generated"] < LONG_TOKENS, seen
+        reference = chat_stream_with_fault(stack.client(), None, **budget, **seeded)
+        assert _chat_text(reference) != output_text(references(**greedy)), "the seeded run drew greedily"
+    chunks = chat_stream_with_fault(stack.client(), kill_gpu_worker, **budget, **seeded)
+    assert 0 < seen["generated"] < KILLED_CHAT_TOKENS, seen
     check_chat_against(chunks, reference)
     survivor = next(worker for worker in stack.gpu_workers if worker is not seen["victim"])
     assert f"resuming {seen['response_id']} after" in survivor.log_tail(400)
