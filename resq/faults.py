@@ -15,7 +15,8 @@ between two writes that recovery must bridge:
 - ``postprocess.after_conversation_append``: a post-processor appended a response's items to its
   conversation and has not appended the terminal event.
 
-Each is exercised by ``tests/e2e/test_faults.py`` (its "faults at exact points" section).
+The mechanism is tested in ``tests/unit/test_fault_points.py``; the recovery from each point in
+``tests/e2e/test_faults.py`` (its "faults at exact points" section).
 """
 
 from __future__ import annotations
