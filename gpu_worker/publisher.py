@@ -7,13 +7,17 @@ cancelled (client gone, ``POST .../cancel``), so cancellation costs no extra
 trip and the GPU stops spending steps within one round of the flag appearing.
 
 A stream interval (``RESQ_STREAM_INTERVAL_MS``, like vLLM's and TensorRT-LLM's
-``stream_interval``, but in time) holds a request's new tokens until that long
-has passed since its last append, then sends them as one chunk: everything
-downstream (the post-processor's read and its event, the API's read and its SSE
-frame, Redis for each) costs per chunk, not per token, so under load their CPU
-per token falls by the tokens per chunk. A request's first tokens and its end
-go out at once (time to first token is unchanged), and the cancellation checks
-are made once per interval as well.
+``stream_interval``, but in time) holds new tokens for one interval, then sends
+each request's as one chunk: everything downstream (the post-processor's read and
+its event, the API's read and its SSE frame, Redis for each) costs per chunk, not
+per token, so under load their CPU per token falls by the tokens per chunk. The
+interval is one clock for every request of the worker, not one per request: a
+round's chunks of all requests go out in one pipeline, so the post-process hub
+reads them with one ``XREAD`` and logs their events with one pipeline, and the
+API's hub relays them with one read, instead of a round per request whose own
+interval happened to end. A request's first tokens and its end go out at once
+(time to first token is unchanged), and the cancellation checks ride on the
+same rounds.
 The start entry of a newly admitted request goes out in the same pipeline, ahead
 of its first tokens (within :data:`IDLE_WAIT_S` when the engine is slower), so
 admission adds nothing between the Celery message and the engine. Pipelines are
@@ -77,8 +81,6 @@ class _Tracked:
     """The start entry is still to be appended (ahead of any token)."""
     ended: bool = False
     """Its engine copy was ended here (slot released): ending it again does nothing."""
-    sent_at: float = 0.0
-    """``time.monotonic()`` of its last token append (0: none yet)."""
 
     @property
     def total(self) -> int:
@@ -109,18 +111,19 @@ class TokenPublisher:
     ) -> None:
         """``max_losses`` (``RESQ_GPU_MAX_LOSSES``): a request whose engine failed, or whose GPU
         worker was lost, this many times in all ends with an error instead of resuming again.
-        ``stream_interval_s`` (``RESQ_STREAM_INTERVAL_MS``): the shortest time between two token
-        appends of one request (0: every step's tokens go out with that step)."""
+        ``stream_interval_s`` (``RESQ_STREAM_INTERVAL_MS``): the time between two rounds of held
+        tokens (0: every step's tokens go out with that step)."""
         self._redis = redis
         self._engine = engine
         self._generations = generations
         self._dispatch = dispatch
         self._max_losses = max_losses
         self._stream_interval_s = stream_interval_s
-        self._checked_at = 0.0
-        """``time.monotonic()`` of the last cancellation check."""
+        self._round_at = 0.0
+        """``time.monotonic()`` when the next round is due: every held token goes out and the
+        cancellation checks are made (one clock for all requests, so their chunks travel together)."""
         self._held_until: float | None = None
-        """When the earliest of the held requests' intervals ends (None: nothing is held)."""
+        """When held tokens go out (the next round; None: nothing is held)."""
         self._tracked: dict[str, _Tracked] = {}
         self._pending: dict[str, GenerationOutput] = {}
         self._lock = threading.Lock()
@@ -243,12 +246,12 @@ class TokenPublisher:
             return wait_s
         return max(0.0, min(wait_s, self._held_until - time.monotonic()))
 
-    def _due(self, tracked: _Tracked, output: GenerationOutput, now: float) -> bool:
-        """Whether ``tracked``'s tokens go out now (else they wait for its stream interval)."""
+    def _due(self, tracked: _Tracked, output: GenerationOutput, round_due: bool) -> bool:
+        """Whether ``tracked``'s tokens go out now (else they wait for the next round)."""
         return (
-            output.is_finished()
+            round_due
+            or output.is_finished()
             or tracked.published == 0  # the first tokens: time to first token stays the engine's
-            or now - tracked.sent_at >= self._stream_interval_s
         )
 
     def _publish(self) -> None:
@@ -257,7 +260,7 @@ class TokenPublisher:
         if not self._pending and not active:
             return
         now = time.monotonic()
-        check_due = now - self._checked_at >= self._stream_interval_s
+        round_due = now >= self._round_at
         held: dict[str, GenerationOutput] = {}
         held_until: float | None = None
         pipe = self._redis.pipeline(transaction=False)
@@ -276,10 +279,9 @@ class TokenPublisher:
                 # Cancelled or fenced off meanwhile (its end is handled), or the output of an
                 # earlier claim's copy, stopped when this claim began: never this claim's tokens.
                 continue
-            if not self._due(tracked, output, now):
+            if not self._due(tracked, output, round_due):
                 held[request_id] = output
-                due_at = tracked.sent_at + self._stream_interval_s
-                held_until = due_at if held_until is None else min(held_until, due_at)
+                held_until = self._round_at
                 continue
             new_tokens = list(output.generated_tokens[tracked.published :])
             if new_tokens:
@@ -294,7 +296,7 @@ class TokenPublisher:
                 self._generations.publish(pipe, response_id, tracked.fence, finish, finish.output_tokens)
                 appends.append((response_id, _FINISH))
                 finishing[response_id] = finish
-        checked = [response_id for response_id in active if response_id not in finishing] if check_due else []
+        checked = [response_id for response_id in active if response_id not in finishing] if round_due else []
         if not appends and not checked:
             self._pending, self._held_until = held, held_until
             return
@@ -304,8 +306,8 @@ class TokenPublisher:
             # released it while its copy appended nothing: then the copy stops here too.
             pipe.hmget(keys.generation(response_id), ["owner", "epoch"])
         results = pipelines.execute(self._redis, pipe)
-        if checked:
-            self._checked_at = now
+        if round_due:
+            self._round_at = now + self._stream_interval_s
         if appends:
             faults.reached("gpu.after_publish")
         # Everything else in it is published, or belongs to no tracked request.
@@ -321,7 +323,6 @@ class TokenPublisher:
                 lost.add(response_id)
             elif count >= 0:
                 active[response_id].published += count
-                active[response_id].sent_at = now
                 published += count
             elif count == _START:
                 active[response_id].start_pending = False
