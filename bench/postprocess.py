@@ -125,7 +125,9 @@ def publish(redis: Redis, response_ids: list[str], streams: list[SyntheticStream
         pipe = redis.pipeline(transaction=False)
         for response_id, stream in zip(response_ids, streams, strict=True):
             if step < len(stream.token_ids):
-                pipe.xadd(keys.tokens(response_id), encode_entry(TokensEntry([stream.token_ids[step]])))
+                # Placed, as the GPU worker's publisher sends them (the position of the token).
+                entry = TokensEntry([stream.token_ids[step]], start=step)
+                pipe.xadd(keys.tokens(response_id), encode_entry(entry))
         pipe.execute()
     pipe = redis.pipeline(transaction=False)
     for response_id, stream in zip(response_ids, streams, strict=True):

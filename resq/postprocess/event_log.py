@@ -217,6 +217,23 @@ class EventLogWriter:
         self._remember(fresh)
         metrics.note_events_logged(max(0, last + 1 - max(length, first)))
 
+    def stage(self, events: list[EncodedEvent]) -> StagedAppend | None:
+        """:meth:`append`'s common case, to be sent in a pipeline that other logs' appends share.
+
+        None when there is nothing to write. The staged append commits only when the log held
+        exactly the events before it; on any other reply (a hole, a duplicate, a deleted log, an
+        error) nothing is changed here and the caller logs the same events with :meth:`append`,
+        which handles every case (the script skips what the log already holds).
+        """
+        self._remember([event for event in events if event.sequence_number < self._next])
+        fresh = [event for event in events if event.sequence_number >= self._next]
+        return StagedAppend(self, fresh) if fresh else None
+
+    def _committed(self, fresh: list[EncodedEvent]) -> None:
+        self._next = fresh[-1].sequence_number + 1
+        self._remember(fresh)
+        metrics.note_events_logged(len(fresh))
+
     def end(self, unlogged: list[EncodedEvent], closing: list[EncodedEvent], ending: Ending) -> str:
         """Log ``unlogged`` (events a refused :meth:`append` left out), then ``closing`` and the
         terminal event, and finalise the record: all in one step, or nothing.
@@ -291,6 +308,28 @@ class EventLogWriter:
         self._recent.extend((now, event) for event in events if event.sequence_number > last)
         while self._recent and self._recent[0][0] < now - self._window_s:
             self._recent.popleft()
+
+
+class StagedAppend:
+    """One log's append in a shared pipeline (:meth:`EventLogWriter.stage`)."""
+
+    def __init__(self, writer: EventLogWriter, events: list[EncodedEvent]) -> None:
+        self._writer = writer
+        self.events = events
+        """The events to log (consecutive, all past what the writer logged)."""
+
+    def queue(self, pipe: Pipeline) -> None:
+        """Queue the append on ``pipe`` (by the script's sha: no ``SCRIPT EXISTS`` round trip per
+        pipeline; after a Redis restart the ``NOSCRIPT`` reply sends the events to :meth:`append`)."""
+        writer = self._writer
+        pipe.evalsha(writer._append.sha, 1, writer._key, self.events[0].sequence_number, *_pairs(self.events))
+
+    def settle(self, reply: object) -> bool:
+        """Commit on the common reply (the log held exactly the events before); False otherwise."""
+        if reply != self.events[0].sequence_number:
+            return False
+        self._writer._committed(self.events)
+        return True
 
 
 def _pairs(events: list[EncodedEvent]) -> list[str | bytes]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Literal
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -17,6 +18,13 @@ LAG = Histogram(
     "events being logged.",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
 )
+BATCHES = Counter(
+    "resq_postprocess_batches",
+    "Batches of token chunks turned into logged events, by the thread that did it: 'hub' (the "
+    "common case, on the worker's token-stream thread, appends shared in one pipeline) or "
+    "'thread' (the response's own thread: starts, ends, gaps, stop sequences, refused writes).",
+    ["path"],
+)
 ACTIVE = Gauge("resq_postprocess_active_responses", "Responses being post-processed now.")
 RESPONSES = Counter(
     "resq_postprocess_responses", "Responses post-processed to their end, by final status.", ["status"]
@@ -28,6 +36,7 @@ def note_events_logged(count: int) -> None:
     EVENTS_LOGGED.inc(count)
 
 
-def note_batch_logged(oldest_entry_id: bytes | str) -> None:
-    """Observe the lag of a batch whose oldest token-stream entry is ``oldest_entry_id``."""
+def note_batch_logged(oldest_entry_id: bytes | str, path: Literal["hub", "thread"]) -> None:
+    """Count a batch logged on ``path``; observe its lag from its oldest entry ``oldest_entry_id``."""
+    BATCHES.labels(path).inc()
     LAG.observe(stream_entry_age_s(oldest_entry_id, time.time()))

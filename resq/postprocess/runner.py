@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from redis import Redis
+from redis.client import Pipeline
 
 from resq import conversations, faults, item_index, jsonutil, keys, records, turns
 from resq.catalog import ModelCatalog
@@ -42,14 +43,15 @@ from resq.postprocess.event_log import (
     EventLogWriter,
     LogRewoundError,
     RedisRefusedError,
+    StagedAppend,
     retrying,
 )
 from resq.postprocess.positions import ConsumedTokens, TokenGapError, TokensRewrittenError
 from resq.postprocess.processor import Finished, ResponseProcessor
-from resq.postprocess.token_hub import DirectTokenSource, TokenSource, TokenStream
+from resq.postprocess.token_hub import DirectTokenSource, SteadyBatch, TokenSource, TokenStream
 from resq.protocols import make_protocol
 from resq.records import FINALIZE_LUA, MARK_IN_PROGRESS_LUA
-from resq.redis_types import optional_bytes, range_entries
+from resq.redis_types import StreamEntry, optional_bytes, range_entries
 from resq.sealed import sealer_from_settings
 from resq.settings import Settings
 from resq.status import FinalStatus
@@ -235,6 +237,12 @@ class _Run:
         self._consumed = ConsumedTokens()
         self._prompt_tokens = 0
         self._engine_stopped = False
+        self._last_id: bytes | str = "0-0"
+        """The last token-stream entry consumed (by this thread or by the hub's, see :meth:`step`)."""
+        self._handed_back: list[EncodedEvent] = []
+        """Events the hub's thread made and could not log as expected: this thread logs them."""
+        self._hub_error: Exception | None = None
+        """What failed on the hub's thread, raised on this one."""
 
     def run(self, keep_going: Callable[[], bool] | None) -> str:
         stream = self._tokens.open(keys.tokens(self._response_id))
@@ -243,16 +251,62 @@ class _Run:
         finally:
             stream.close()
 
+    def step(self, entries: list[StreamEntry]) -> SteadyBatch | None:
+        """The hub's thread: consume entries that only continue the answer (see
+        :mod:`resq.postprocess.token_hub`); None leaves them to this run's thread.
+
+        Only tokens at exactly the position expected are taken: starts, finishes, gaps,
+        rewrites and stop sequences stay on the thread's path. Never raises: a failure is
+        handed back and raised on the thread.
+        """
+        processor = self._processor
+        if processor.finish is not None or processor.stopped_early or self._handed_back:
+            return None
+        decoded: list[TokensEntry] = []
+        expected = self._consumed.count
+        for _, fields in entries:
+            entry = decode_entry(fields)
+            if not isinstance(entry, TokensEntry) or entry.start != expected:
+                return None
+            expected += len(entry.token_ids)
+            decoded.append(entry)
+        self._last_id = entries[-1][0]
+        events: list[EncodedEvent] = []
+        try:
+            for entry in decoded:
+                fresh = self._consumed.take(entry)
+                if fresh is not None:
+                    events += processor.on_entry(fresh)
+        except Exception as error:  # the thread raises it, as it would have
+            self._hub_error = error
+            return _HandedBack()
+        if processor.stopped_early:  # the thread logs them and stops the engine
+            self._handed_back = events
+            return _HandedBack()
+        return _SteadyAppend(self, self._writer.stage(events), entries[0][0])
+
     def _follow(self, stream: TokenStream, keep_going: Callable[[], bool] | None) -> str:
         response_id = self._response_id
         processor = self._processor
-        last_id: bytes | str = "0-0"
         gap_retried_at: int | None = None
         while True:
             if keep_going is not None and not keep_going():
                 log.warning("post-processing of %s was taken over by another post-processor", response_id)
                 return HANDED_OVER
-            entries = stream.read(last_id, READ_COUNT, READ_BLOCK_MS)
+            entries = stream.read(self._last_id, READ_COUNT, READ_BLOCK_MS, self)
+            if self._hub_error is not None:
+                raise self._hub_error
+            if self._handed_back:
+                unlogged, self._handed_back = self._handed_back, []
+                try:
+                    self._writer.append(unlogged)
+                    if processor.stopped_early and not self._engine_stopped:
+                        self._stop_engine()
+                except RedisRefusedError as refused:
+                    log.error("%s; failing %s", refused, response_id)
+                    return self._give_up(
+                        unlogged, "The server could not record the response's events.", refused
+                    )
             if not entries:
                 if not self._redis.exists(keys.record(response_id)):
                     log.info("response %s was deleted while in flight", response_id)
@@ -262,7 +316,7 @@ class _Run:
             started = False
             failure: str | None = None
             for entry_id, fields in entries:
-                last_id = entry_id
+                self._last_id = entry_id
                 entry = decode_entry(fields)
                 try:
                     if isinstance(entry, TokensEntry):
@@ -278,7 +332,7 @@ class _Run:
                         break
                     # The missing tokens are in the stream below the cursor: read it again.
                     log.warning("token stream of %s: %s; reading it again from the start", response_id, gap)
-                    gap_retried_at, last_id = gap.consumed, "0-0"
+                    gap_retried_at, self._last_id = gap.consumed, "0-0"
                     break
                 except TokensRewrittenError as rewritten:
                     failure = f"The token stream was rewritten after a Redis data loss: {rewritten}."
@@ -298,7 +352,7 @@ class _Run:
             except RedisRefusedError as refused:
                 log.error("%s; failing %s", refused, response_id)
                 return self._give_up(events, "The server could not record the response's events.", refused)
-            metrics.note_batch_logged(entries[0][0])
+            metrics.note_batch_logged(entries[0][0], "thread")
             if failure is not None:
                 log.error("%s: %s", response_id, failure)
                 return self._give_up([], failure, None)
@@ -429,3 +483,37 @@ class _Run:
             pipe.execute()
 
         retrying(write, f"the item index of {self._response_id}", WRITE_BACKOFF)
+
+
+class _HandedBack:
+    """A batch the hub's thread took but this run's thread must finish."""
+
+    def queue(self, pipe: Pipeline) -> int:
+        return 0
+
+    def settle(self, replies: list[Any]) -> bool:
+        return False
+
+
+class _SteadyAppend:
+    """The events of a steady batch, appended in the hub's shared pipeline."""
+
+    def __init__(self, run: _Run, append: StagedAppend | None, oldest_entry_id: bytes) -> None:
+        self._run = run
+        self._append = append
+        self._oldest_entry_id = oldest_entry_id
+
+    def queue(self, pipe: Pipeline) -> int:
+        if self._append is None:
+            return 0
+        self._append.queue(pipe)
+        return 1
+
+    def settle(self, replies: list[Any]) -> bool:
+        if self._append is not None and not self._append.settle(replies[0]):
+            # Not the common reply (a hole, a duplicate, a deleted log, an error): the thread's
+            # append handles every case and retries, with the same events.
+            self._run._handed_back = self._append.events
+            return False
+        metrics.note_batch_logged(self._oldest_entry_id, "hub")
+        return True

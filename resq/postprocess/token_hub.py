@@ -14,6 +14,15 @@ first catches up with ``XRANGE`` from its own position, then joins the hub; if t
 hub's read is blocked without it, an entry on this process's wake-up stream makes the
 read return and start again with the new stream included. Every entry reaches its
 reader once and in order: a reader's buffer only takes entries past its position.
+
+The common case never wakes the reader's thread: while a post-processor waits in
+:meth:`_HubStream.read` it lends the hub a :class:`SteadyConsumer`, and entries that merely
+continue its stream (tokens at the position it expects) are consumed on the hub's thread,
+their events appended for every such response in one pipelined round trip per read
+(:meth:`TokenStreamHub._flush`). Anything else (a start or finish entry, a gap, a stop
+sequence, an append Redis did not take as expected) goes to the reader's thread as before,
+which handles it with the full, retrying path. Per round that is one ``XREAD``, one
+pipeline and no thread wake-ups, instead of a wake-up and a round trip per response.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import uuid
 from typing import Any, Protocol
 
 from redis import Redis
+from redis.client import Pipeline
 from redis.exceptions import RedisError
 
 from resq import keys
@@ -47,11 +57,42 @@ WAKEUP_TTL_S = 60
 RETRY_PAUSE_S = 0.2
 
 
+class SteadyBatch(Protocol):
+    """Entries a :class:`SteadyConsumer` took on the hub's thread, and the writes they need."""
+
+    def queue(self, pipe: Pipeline) -> int:
+        """Queue its writes on the round's shared pipeline; how many commands."""
+        ...
+
+    def settle(self, replies: list[Any]) -> bool:
+        """Take the replies of its commands (exceptions for the failed ones, or for all when
+        the pipeline failed). False: the consumer's thread must go on from here."""
+        ...
+
+
+class SteadyConsumer(Protocol):
+    """What a waiting post-processor lends the hub: its handling of the expected entries."""
+
+    def step(self, entries: list[StreamEntry]) -> SteadyBatch | None:
+        """Consume ``entries`` (the next of its stream, in order) when they are the common case.
+
+        None: not taken and nothing changed; they go to the reader's thread.
+        """
+        ...
+
+
 class TokenStream(Protocol):
     """The token stream of one response, as one post-processor reads it."""
 
-    def read(self, after: bytes | str, count: int, block_ms: int) -> list[StreamEntry]:
-        """Up to ``count`` entries after id ``after``, waiting up to ``block_ms`` for the first."""
+    def read(
+        self, after: bytes | str, count: int, block_ms: int, steady: SteadyConsumer | None = None
+    ) -> list[StreamEntry]:
+        """Up to ``count`` entries after id ``after``, waiting up to ``block_ms`` for the first.
+
+        While it waits, ``steady`` may consume entries on the reader's behalf (the hub's
+        reader does; a direct read ignores it): the call then returns only for what ``steady``
+        did not take, for what it handed back, or at the end of ``block_ms``.
+        """
         ...
 
     def close(self) -> None:
@@ -83,7 +124,9 @@ class _DirectStream:
         self._redis = redis
         self._key = key
 
-    def read(self, after: bytes | str, count: int, block_ms: int) -> list[StreamEntry]:
+    def read(
+        self, after: bytes | str, count: int, block_ms: int, steady: SteadyConsumer | None = None
+    ) -> list[StreamEntry]:
         return stream_entries(self._redis.xread({self._key: after}, count=count, block=block_ms))
 
     def close(self) -> None:
@@ -102,12 +145,50 @@ class _HubStream:
         self.position: StreamId = (0, 0)
         """The last entry id buffered (or handed out)."""
         self._consumed: StreamId | None = None
-        """The last entry id handed to the reader; None before its first read."""
+        """The last entry id handed to the reader (or to its steady consumer); None before its first read."""
+        self._steady: SteadyConsumer | None = None
+        """Lent by the reader while it waits with nothing buffered; None otherwise."""
+        self._in_flight = False
+        """The steady consumer's batch of this round is not settled yet (the reader waits for it)."""
+        self._handed_back = False
+        """The steady consumer left work to the reader's thread."""
+        self._deadline = 0.0
+        """When the waiting reader's block time ends (monotonic)."""
 
-    def deliver(self, entries: list[StreamEntry]) -> None:
-        """Take the entries past this reader's position (others were seen already)."""
+    def offer(self, entries: list[StreamEntry]) -> SteadyBatch | None:
+        """Hub: the entries past this reader's position, to its steady consumer when it can
+        take them (the batch to flush is returned), else into the buffer for its thread."""
         with self._ready:
-            self._take(entries)
+            fresh, self.position = entries_past(self.position, entries)
+            if not fresh:
+                return None
+            steady = self._steady
+            if steady is not None and not self._entries and not self._in_flight:
+                batch = steady.step(fresh)
+                if batch is not None:
+                    self._in_flight = True
+                    self._consumed = parse_id(fresh[-1][0])
+                    return batch
+            self._steady = None  # its thread has work now: nothing more is consumed for it
+            self._entries += fresh
+            self._ready.notify_all()
+            return None
+
+    def settle(self, batch: SteadyBatch, replies: list[Any]) -> None:
+        """Hub: give the steady consumer's batch its replies; wake the reader only if needed."""
+        with self._ready:
+            self._in_flight = False
+            try:
+                done = batch.settle(replies)
+            except Exception:  # a broken contract: its thread must not wait for nothing
+                log.exception("settling a steady batch of %s failed", self.key)
+                done = False
+            if not done:
+                self._steady = None
+                self._handed_back = True
+                self._ready.notify_all()
+            elif time.monotonic() >= self._deadline:
+                self._ready.notify_all()  # its block time is up: it waited only for this batch
 
     def _take(self, entries: list[StreamEntry]) -> None:
         fresh, self.position = entries_past(self.position, entries)
@@ -115,13 +196,24 @@ class _HubStream:
         if self._entries:
             self._ready.notify_all()
 
-    def read(self, after: bytes | str, count: int, block_ms: int) -> list[StreamEntry]:
+    def read(
+        self, after: bytes | str, count: int, block_ms: int, steady: SteadyConsumer | None = None
+    ) -> list[StreamEntry]:
         after_id = parse_id(after)
         if after_id != self._consumed:
             self._restart_from(after_id)
         with self._ready:
-            if not self._entries:
-                self._ready.wait(block_ms / 1000)
+            self._deadline = time.monotonic() + block_ms / 1000
+            self._steady = steady if not self._entries else None
+            try:
+                while self._in_flight or not (self._entries or self._handed_back):
+                    remaining = self._deadline - time.monotonic()
+                    if remaining <= 0 and not self._in_flight:
+                        break
+                    self._ready.wait(max(remaining, 0.001))
+            finally:
+                self._steady = None
+                self._handed_back = False
             batch = self._entries[:count]
             del self._entries[:count]
             if batch:
@@ -227,12 +319,37 @@ class TokenStreamHub:
             finally:
                 with self._lock:
                     self._reading = frozenset()
-            self._dispatch(multi_stream_entries(reply))
+            try:
+                self._dispatch(multi_stream_entries(reply))
+            except Exception:  # a consumer broke its contract (step and settle do not raise)
+                log.exception("handing out token-stream entries failed")
 
     def _dispatch(self, replies: list[tuple[bytes, list[StreamEntry]]]) -> None:
         with self._lock:
             deliveries = self._streams.route(replies)
         # Outside the hub's lock: a reader catching up holds its own lock and may wait for ours.
+        staged: list[tuple[_HubStream, SteadyBatch]] = []
         for readers, entries in deliveries:
             for reader in readers:
-                reader.deliver(entries)
+                batch = reader.offer(entries)
+                if batch is not None:
+                    staged.append((reader, batch))
+        if staged:
+            self._flush(staged)
+
+    def _flush(self, staged: list[tuple[_HubStream, SteadyBatch]]) -> None:
+        """Send the round's steady writes in one pipeline and settle each batch with its replies."""
+        pipe = self.redis.pipeline(transaction=False)
+        counts = [batch.queue(pipe) for _, batch in staged]
+        replies: list[Any] = []
+        if any(counts):
+            try:
+                replies = pipe.execute(raise_on_error=False)
+            except RedisError as error:
+                # The readers' threads write again with their own retries.
+                log.warning("a steady round's writes failed (%s); their readers write again", error)
+                replies = [error] * sum(counts)
+        at = 0
+        for (reader, batch), count in zip(staged, counts, strict=True):
+            reader.settle(batch, replies[at : at + count])
+            at += count

@@ -18,6 +18,7 @@ from typing import Any, cast
 
 import pytest
 import redis
+from prometheus_client import REGISTRY
 from redis.exceptions import ReadOnlyError
 
 from resq import jsonutil, keys
@@ -29,6 +30,7 @@ from resq.options import ProcessingOptions
 from resq.postprocess import event_log, runner
 from resq.postprocess.event_log import Backoff, EventLogWriter, LogRewoundError, RedisRefusedError
 from resq.postprocess.positions import ConsumedTokens, TokenGapError, TokensRewrittenError
+from resq.postprocess.token_hub import TokenSource, TokenStreamHub
 from resq.redis_types import range_entries
 from resq.settings import Settings
 from resq.wire import FinishEntry, StartEntry, TokensEntry, TokenStreamEntry, encode_entry
@@ -147,8 +149,26 @@ def chunks(token_ids: list[int], start: int, end: int, size: int) -> list[TokenS
     return [TokensEntry(token_ids[at : min(at + size, end)], start=at) for at in range(start, end, size)]
 
 
+SOURCES: dict[str, TokenSource | None] = {}
+"""The token source the runner reads through: set per test by :func:`token_source`."""
+
+
+@pytest.fixture(autouse=True, params=["direct", "hub"])
+def token_source(request: pytest.FixtureRequest, r: redis.Redis) -> Iterator[str]:
+    """Every runner test twice: one ``XREAD`` per read, and the worker's hub, whose steady path
+    logs the common case on its own thread (every fault below must reach the thread's path)."""
+    hub = TokenStreamHub(r, block_ms=200) if request.param == "hub" else None
+    SOURCES["current"] = hub
+    yield request.param
+    SOURCES.clear()
+    if hub is not None:
+        hub.close()
+
+
 def postprocess(r: redis.Redis, tokenizer: TextTokenizer) -> str:
-    return runner.run_postprocess(r, cast(ModelCatalog, Catalog(tokenizer)), Settings(), RESPONSE_ID)
+    return runner.run_postprocess(
+        r, cast(ModelCatalog, Catalog(tokenizer)), Settings(), RESPONSE_ID, tokens=SOURCES.get("current")
+    )
 
 
 class Background:
@@ -333,6 +353,45 @@ def reference_events(r: redis.Redis, tokenizer: TextTokenizer, token_ids: list[i
     events = logged_events(r)
     r.flushdb()
     return events
+
+
+def delta_count(r: redis.Redis) -> int:
+    return sum(1 for event in logged_events(r) if event["type"] == types.OUTPUT_TEXT_DELTA)
+
+
+def _batches(path: str) -> float:
+    return REGISTRY.get_sample_value("resq_postprocess_batches_total", {"path": path}) or 0.0
+
+
+def test_a_stream_that_only_continues_is_logged_on_the_hubs_thread(
+    r: redis.Redis, tokenizer: TextTokenizer, token_ids: list[int], token_source: str
+) -> None:
+    """Chunks that follow one another are turned into events and logged by the hub's thread (its
+    steady path); the start and the finish by the response's own. The log is the same either way."""
+    expected = reference_events(r, tokenizer, token_ids)
+    start_response(r)
+    hub_before, thread_before = _batches("hub"), _batches("thread")
+    background = Background(r, tokenizer)
+    add_entries(r, [StartEntry(7)])
+    wait_for(lambda: r.hget(keys.record(RESPONSE_ID), "status") == b"in_progress", "the start")
+    sent = chunks(token_ids, 0, len(token_ids), 2)
+    for index, entry in enumerate(sent):
+        add_entries(r, [entry])
+        wait_for(lambda count=index + 1: delta_count(r) >= count, f"chunk {index}'s delta")
+    add_entries(r, [FinishEntry("stop", 7, len(token_ids))])
+    assert background.join() == "completed"
+    events = logged_events(r)
+    final = check_stream(events)
+    assert deltas(events) == output_text(final) == output_text(expected[-1]["response"]) == TEXT
+    assert delta_count(r) == len(sent)
+    hub_batches, thread_batches = _batches("hub") - hub_before, _batches("thread") - thread_before
+    if token_source == "hub":
+        # The first chunk may still reach the thread (it reads right after the start); the rest not.
+        assert hub_batches >= len(sent) - 1, (hub_batches, thread_batches)
+        assert thread_batches <= 3, (hub_batches, thread_batches)
+    else:
+        assert hub_batches == 0
+        assert thread_batches >= len(sent)
 
 
 def test_entries_read_twice_give_their_text_once(

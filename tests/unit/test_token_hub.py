@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from redis import Redis
+from redis.client import Pipeline
 
-from resq.postprocess.token_hub import DirectTokenSource, TokenSource, TokenStream, TokenStreamHub
+from resq.postprocess.token_hub import (
+    DirectTokenSource,
+    SteadyBatch,
+    TokenSource,
+    TokenStream,
+    TokenStreamHub,
+)
+from resq.redis_types import StreamEntry
 
 
 def _read_until(stream: TokenStream, last: bytes, after: bytes = b"0-0") -> list[bytes]:
@@ -128,3 +137,130 @@ def test_a_new_stream_does_not_wait_for_the_blocked_read_to_time_out(redis_clien
     finally:
         hub.close()
         redis_client.delete(busy, fresh)
+
+
+# --- the steady path: entries consumed on the hub's thread -----------------------------------------
+
+
+class Counting:
+    """A steady consumer (a fake of the runner's ``_Run``): takes entries whose ``n`` is even,
+    and for each batch it takes INCRs a counter in the hub's shared pipeline."""
+
+    def __init__(self, counter: str, hand_back_at: int | None = None) -> None:
+        self.counter = counter
+        self.taken: list[bytes] = []
+        self.replies: list[Any] = []
+        self.threads: set[str] = set()
+        self._hand_back_at = hand_back_at
+
+    def step(self, entries: list[StreamEntry]) -> SteadyBatch | None:
+        if any(int(fields[b"n"]) % 2 for _, fields in entries):
+            return None
+        self.threads.add(threading.current_thread().name)
+        self.taken += [entry_id for entry_id, _ in entries]
+        return _Increment(self, hand_back=int(entries[-1][1][b"n"]) == self._hand_back_at)
+
+
+class _Increment:
+    def __init__(self, consumer: Counting, hand_back: bool) -> None:
+        self._consumer = consumer
+        self._hand_back = hand_back
+
+    def queue(self, pipe: Pipeline) -> int:
+        pipe.incr(self._consumer.counter)
+        return 1
+
+    def settle(self, replies: list[Any]) -> bool:
+        self._consumer.replies += replies
+        return not self._hand_back
+
+
+def _wait_until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+@pytest.mark.timeout(30)
+def test_entries_a_steady_consumer_takes_never_wake_its_reader(redis_client: Redis) -> None:
+    """Taken entries are consumed on the hub's thread, their writes share one pipeline per round,
+    and the waiting reader sleeps through them to the end of its block time; what the consumer
+    declines wakes the reader at once, after what it took, in order."""
+    hub = TokenStreamHub(redis_client, block_ms=200)
+    keys = [f"test:token-hub:steady:{index}" for index in range(2)]
+    counters = [f"{key}:count" for key in keys]
+    redis_client.delete(*keys, *counters)
+    consumers = [Counting(counter) for counter in counters]
+    readers = [hub.open(key) for key in keys]
+    results: dict[int, tuple[list[bytes], float]] = {}
+
+    def read_once(index: int) -> None:
+        readers[index].read("0-0", 512, 100)  # joins the hub
+        started = time.monotonic()
+        batch = readers[index].read("0-0", 512, 1500, consumers[index])
+        results[index] = ([entry_id for entry_id, _ in batch], time.monotonic() - started)
+
+    try:
+        threads = [threading.Thread(target=read_once, args=(index,)) for index in range(2)]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.3)  # both wait, consumers lent
+        pipe = redis_client.pipeline(transaction=True)  # one round: both streams in one XREAD reply
+        for key in keys:
+            pipe.xadd(key, {"n": 2}, id="0-1")
+        pipe.execute()
+        _wait_until(lambda: all(consumer.taken for consumer in consumers))
+        redis_client.xadd(keys[0], {"n": 4}, id="0-2")
+        _wait_until(lambda: len(consumers[0].taken) == 2)
+        redis_client.xadd(keys[0], {"n": 5}, id="0-3")  # odd: declined, for the reader
+        for thread in threads:
+            thread.join(10)
+        assert consumers[0].taken == [b"0-1", b"0-2"]
+        assert consumers[1].taken == [b"0-1"]
+        assert consumers[0].replies == [1, 2] and consumers[1].replies == [1]
+        assert consumers[0].threads == consumers[1].threads == {"token-hub"}
+        entries, waited = results[0]
+        assert entries == [b"0-3"] and waited < 1.2  # woken by the declined entry
+        entries, waited = results[1]
+        assert entries == [] and waited >= 1.4  # nothing for it: slept through its block time
+        # The reader goes on after what the consumer took.
+        redis_client.xadd(keys[1], {"n": 7}, id="0-2")
+        assert [entry_id for entry_id, _ in readers[1].read("0-1", 512, 2000)] == [b"0-2"]
+    finally:
+        for reader in readers:
+            reader.close()
+        hub.close()
+        redis_client.delete(*keys, *counters)
+
+
+@pytest.mark.timeout(30)
+def test_a_batch_its_consumer_hands_back_wakes_the_reader(redis_client: Redis) -> None:
+    hub = TokenStreamHub(redis_client, block_ms=200)
+    key = "test:token-hub:hand-back"
+    consumer = Counting(f"{key}:count", hand_back_at=2)
+    redis_client.delete(key, consumer.counter)
+    reader = hub.open(key)
+    try:
+        assert reader.read("0-0", 512, 100) == []
+        outcome: list[tuple[list[StreamEntry], float]] = []
+
+        def read() -> None:
+            started = time.monotonic()
+            outcome.append((reader.read("0-0", 512, 5000, consumer), time.monotonic() - started))
+
+        thread = threading.Thread(target=read)
+        thread.start()
+        time.sleep(0.3)
+        redis_client.xadd(key, {"n": 2}, id="0-1")
+        thread.join(10)
+        assert consumer.taken == [b"0-1"] and consumer.replies == [1]
+        assert outcome[0][0] == [] and outcome[0][1] < 4  # returned for the hand-back, not the timeout
+        # Handed back: the consumer is no longer lent, so the next entry is the reader's.
+        redis_client.xadd(key, {"n": 4}, id="0-2")
+        assert [entry_id for entry_id, _ in reader.read("0-1", 512, 2000)] == [b"0-2"]
+        assert consumer.taken == [b"0-1"]
+    finally:
+        reader.close()
+        hub.close()
+        redis_client.delete(key, consumer.counter)
