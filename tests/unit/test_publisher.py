@@ -326,3 +326,28 @@ def test_a_stream_interval_checks_cancellations_once_per_interval_and_drops_held
     assert isinstance(entries[-1], FinishEntry) and entries[-1].finish_reason == "cancelled"
     assert entries[-1].output_tokens == tokens
     r.delete(keys.cancel(job.response_id))
+
+
+def test_the_held_tokens_of_every_request_go_out_in_the_same_round(r: redis.Redis) -> None:
+    """One round clock for all requests: a request whose first token came later than another's
+    does not get a round of its own, so downstream hops read and write the round's chunks together."""
+    engine, publisher, first = interval_publisher(r, interval_s=0.3)
+    engine.outputs.append(decoding(first, [11]))
+    publisher.step(0)
+    time.sleep(0.1)
+    gens = Generations(r, TTL_S)
+    second = staged_job(r, max_output_tokens=16)
+    fence, plan = claim_and_plan(gens, second)
+    publisher.start_request(second.response_id, fence, plan)
+    engine.outputs.append(decoding(second, [21]))
+    publisher.step(0)  # its first token goes out at once
+    assert stream(r, second.response_id)[-1] == TokensEntry([21], start=0)
+    engine.outputs += [decoding(first, [11, 12, 13]), decoding(second, [21, 22])]
+    publisher.step(0)  # within the interval: both held
+    deadline = time.monotonic() + 5
+    while len(stream(r, first.response_id)) < 3 and time.monotonic() < deadline:
+        publisher.step(0.01)
+    # The step that sent the first request's chunk sent the second's (whose own interval since its
+    # first token had not passed yet).
+    assert stream(r, first.response_id)[2:] == [TokensEntry([12, 13], start=1)]
+    assert stream(r, second.response_id)[2:] == [TokensEntry([22], start=1)]
