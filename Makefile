@@ -68,6 +68,10 @@ bench-affinity: install  ## 16 concurrent agent loops on 2 GPU workers vs 1: aff
 bench-interval: install  ## The stream interval A/B (RESQ_STREAM_INTERVAL_MS 0 vs 50): tok/s and CPU per token, paired per round (~4 min)
 	$(BIN)/python -m bench.stream_interval $(BENCH_ARGS)
 
+bench-versus: install  ## This checkout vs BASE=<commit>, two stacks side by side: tok/s and CPU per token, paired per round (~5 min)
+	@test -n "$(BASE)" || { echo "usage: make bench-versus BASE=<commit> [BENCH_ARGS='--model bench']"; exit 2; }
+	$(BIN)/python -m bench.versus --base '$(BASE)' $(BENCH_ARGS)
+
 bench-quick: install  ## A smaller benchmark run (a few minutes), docs left alone
 	$(BIN)/resq bench --quick --no-doc $(BENCH_ARGS)
 

@@ -67,6 +67,12 @@ class ProcGroup:
 
     log_dir: Path
     procs: list[Proc] = field(default_factory=list)
+    tree: Path | None = None
+    """Another checkout of resq to run the roles from (``bench.versus``); None: this one.
+
+    Both the working directory and ``PYTHONPATH``: ``python -m`` puts its working directory
+    first on ``sys.path``, so a role started from this checkout would import this checkout's
+    code whatever ``PYTHONPATH`` says."""
 
     def start(
         self, name: str, argv: Sequence[str], env: dict[str, str] | None = None, pipes: bool = False
@@ -78,10 +84,13 @@ class ProcGroup:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
         full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+        if self.tree is not None:
+            full_env["PYTHONPATH"] = str(self.tree)
         with open(log_path, "ab") as log_file:
             popen = subprocess.Popen(
                 list(argv),
                 env=full_env,
+                cwd=self.tree,
                 stdin=subprocess.PIPE if pipes else subprocess.DEVNULL,
                 stdout=subprocess.PIPE if pipes else log_file,
                 stderr=log_file if pipes else subprocess.STDOUT,

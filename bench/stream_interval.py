@@ -38,7 +38,8 @@ def system_name(interval_ms: int) -> str:
     return f"{interval_ms} ms"
 
 
-async def _load(stack: ResqStack, concurrency: int, tokens: int) -> tuple[list[clients.StreamTiming], float]:
+async def load(stack: ResqStack, concurrency: int, tokens: int) -> tuple[list[clients.StreamTiming], float]:
+    """``concurrency`` greedy streams of ``tokens`` tokens at once against ``stack``; timings and wall time."""
     async with clients.new_client() as client:
         return await clients.concurrently(
             concurrency, lambda: clients.resq_stream(client, stack.base_url, stack.model.served_name, tokens)
@@ -50,7 +51,7 @@ def measure_once(system: HttpSystems, concurrency: int, tokens: int) -> dict[str
     meter = system.meter("resq")
     engine = meter.engine_keys()
     before = cpu_accounting.thread_times(meter.pids)
-    timings, wall = asyncio.run(_load(system.stack, concurrency, tokens))
+    timings, wall = asyncio.run(load(system.stack, concurrency, tokens))
     after = cpu_accounting.thread_times(meter.pids)
     bad = [timing for timing in timings if timing.error is not None or timing.tokens != tokens]
     if bad:
@@ -137,7 +138,7 @@ def main(intervals: str, model: str, rounds: int, concurrency: int, tokens: int)
             system.stack.wait_ready()
         click.echo(f"model {served.key}; {concurrency} clients x {tokens} tokens; logs in {group.log_dir}")
         for system in systems.values():  # warm-up at full width
-            asyncio.run(_load(system.stack, concurrency, tokens))
+            asyncio.run(load(system.stack, concurrency, tokens))
         results = ResultSet()
         for round_index in range(rounds):
             for name in alternated(list(systems), round_index):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from bench.clients import _Frames
@@ -463,3 +466,33 @@ def test_the_stream_interval_table_pairs_each_interval_with_the_first_per_round(
     assert first[0] == "0 ms" and first[-2:] == ["-", "-"]
     assert second[:3] == ["50 ms", "1,600", "6.0"]
     assert second[-2:] == ["1.50, 2.00, 2.00 -> 2.00x", "0.25, 0.50, 0.75 -> 0.50x"]
+
+
+def test_the_versus_table_pairs_this_checkout_with_the_base_per_round() -> None:
+    from bench.versus import HERE, SCENARIO, versus_table
+
+    results = ResultSet()
+    for round_index, (here, base) in enumerate([(1200.0, 1000.0), (900.0, 1000.0), (1500.0, 1000.0)]):
+        for name, tok_s in ((HERE, here), ("abc123", base)):
+            results.add(RunRecord(SCENARIO, name, "tiny", 32, round_index, {"tok_s": tok_s}))
+    table = versus_table(results, "abc123", "tiny", 32)
+    tok_s = next(row for row in table.rows if row[0] == "tok_s")
+    # Paired per round (1.2, 0.9, 1.5), not the ratio of the medians (1,200 / 1,000).
+    assert tok_s == ["tok_s", "1,200", "1,000", "1.20, 0.90, 1.50 -> 1.20x"]
+    missing = next(row for row in table.rows if row[0] == "ttft_p50_ms")
+    assert missing[1:] == ["-", "-", "-"]
+
+
+def test_a_process_group_with_another_tree_starts_its_roles_there(tmp_path: Path) -> None:
+    """``python -m`` puts the working directory first on ``sys.path``: a role must start in its tree."""
+    from bench.procs import ProcGroup
+
+    tree = tmp_path / "tree"
+    (tree / "probe").mkdir(parents=True)
+    (tree / "probe" / "__init__.py").write_text("")
+    (tree / "probe" / "__main__.py").write_text("import os, probe; print(os.getcwd(), probe.__file__)")
+    group = ProcGroup(tmp_path / "logs", tree=tree)
+    proc = group.start("probe", [sys.executable, "-m", "probe"])
+    proc.popen.wait(30)
+    cwd, module = proc.log_path.read_text().split()
+    assert Path(cwd) == tree and Path(module).parent.parent == tree
