@@ -30,6 +30,12 @@ from resq.redis_types import optional_bytes, scored_members
 
 CARD_REFRESH_S = 5.0
 """How long a process trusts its cached copy of a model card before re-reading it."""
+SERVED_RECHECK_S = 1.0
+"""How long the API reuses a "served now" answer before asking Redis again. The answer comes
+from heartbeats (every ``RESQ_HEARTBEAT_S``, 2 s by default) judged against
+``RESQ_WORKER_TTL_S``, so it is seconds old by nature; asking once per request cost the API a
+Redis pipeline per request, a third of its CPU inside ``accept`` under load
+(``docs/benchmarks.md``, B4). A model whose workers stopped is refused at most this much later."""
 
 
 class ModelCard(BaseModel):
@@ -215,6 +221,8 @@ def served_now(last_beat: float | None, served_within_s: float, now: float | Non
 class _Entry:
     tokenizer: TextTokenizer
     fetched_at: float = field(default_factory=time.monotonic)
+    served_at: float = -SERVED_RECHECK_S
+    """``time.monotonic()`` when the model was last found served (the API's catalog only)."""
 
 
 def _build(card_json: bytes, tokenizer_json: bytes | None, cached: _Entry | None) -> _Entry | None:
@@ -259,7 +267,8 @@ class AsyncModelCatalog:
     A card outlives the worker that registered it (a restart with another model leaves it in
     the hash); it counts only while some GPU worker serving it beat within ``served_within_s``
     (:data:`resq.keys.MODELS_SERVED`), so ``/v1/models`` lists what is served now and a request
-    naming a model the workers no longer serve is a 404, never rendered with a stale tokenizer.
+    naming a model the workers no longer serve is a 404 (at most :data:`SERVED_RECHECK_S` after
+    the card stopped counting), never rendered with a stale tokenizer.
     While no GPU worker is alive at all (a restart), the last cards stand: their requests wait
     for a worker, as a job does, and a worker that comes back with another model refuses them.
     """
@@ -272,14 +281,18 @@ class AsyncModelCatalog:
     async def get(self, name: str) -> TextTokenizer | None:
         """The tokenizer of model ``name``, or None when no live GPU worker serves it."""
         cached = self._entries.get(name)
-        if cached is not None and time.monotonic() - cached.fetched_at < CARD_REFRESH_S:
-            # The card is trusted for a while; whether its model is still served is asked each
-            # time (one round trip): a restart with another model must not be served its old name.
+        now = time.monotonic()
+        if cached is not None and now - cached.fetched_at < CARD_REFRESH_S:
+            if now - cached.served_at < SERVED_RECHECK_S:
+                return cached.tokenizer
+            # The card is trusted for a while; whether its model is still served is asked again
+            # (one round trip): a restart with another model must not be served its old name.
             pipe = self._redis.pipeline(transaction=False)
             pipe.zscore(keys.MODELS_SERVED, name)
             pipe.zrange(keys.MODELS_SERVED, -1, -1, withscores=True)
             last_beat, newest = await pipe.execute()
             if self._counts(last_beat, scored_members(newest)):
+                cached.served_at = now
                 return cached.tokenizer
             self._entries.pop(name, None)
             return None
@@ -299,6 +312,7 @@ class AsyncModelCatalog:
         entry = _build(card_json, tokenizer_json, cached)
         if entry is None:
             return None
+        entry.served_at = now
         self._entries[name] = entry
         return entry.tokenizer
 

@@ -9,7 +9,14 @@ import redis
 from redis.asyncio import Redis as AsyncRedis
 
 from resq import keys
-from resq.catalog import AsyncModelCatalog, ModelCard, mark_served, register_model, served_now
+from resq.catalog import (
+    SERVED_RECHECK_S,
+    AsyncModelCatalog,
+    ModelCard,
+    mark_served,
+    register_model,
+    served_now,
+)
 from tests.support.redis_server import PrivateRedis
 from tests.support.tokenizer import tiny_tokenizer
 
@@ -80,3 +87,28 @@ def test_served_now_and_renders_like() -> None:
     assert card("m").renders_like(card("m", created=5, logprobs=True))  # start time, capabilities
     assert not card("m").renders_like(card("m", source="/models/b"))
     assert not card("m").renders_like(card("m", chat_template="other"))
+
+
+def test_a_served_answer_is_reused_for_a_second_then_asked_again(private_redis: PrivateRedis) -> None:
+    """The API asks whether a model is served at most once per SERVED_RECHECK_S, not per request."""
+    client: redis.Redis = private_redis.client()
+    client.flushdb()
+    register_model(client, card("live"), tiny_tokenizer().tokenizer.to_str())
+
+    async def run() -> list[bool]:
+        redis_client = AsyncRedis.from_url(private_redis.url)
+        try:
+            catalog = AsyncModelCatalog(redis_client, SERVED_WITHIN_S)
+            seen = [await catalog.get("live") is not None]
+            # Its worker is gone (its beat is old): within the second the answer stands...
+            client.zadd(keys.MODELS_SERVED, {"live": time.time() - 3 * SERVED_WITHIN_S})
+            register_model(client, card("other"), tiny_tokenizer().tokenizer.to_str())
+            seen.append(await catalog.get("live") is not None)
+            # ...and after it the model is refused.
+            await asyncio.sleep(SERVED_RECHECK_S + 0.1)
+            seen.append(await catalog.get("live") is not None)
+            return seen
+        finally:
+            await redis_client.aclose()
+
+    assert asyncio.run(run()) == [True, True, False]
