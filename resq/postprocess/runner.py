@@ -265,7 +265,10 @@ class _Run:
         decoded: list[TokensEntry] = []
         expected = self._consumed.count
         for _, fields in entries:
-            entry = decode_entry(fields)
+            try:
+                entry = decode_entry(fields)
+            except Exception:  # a malformed entry: the thread's path meets it and fails as before
+                return None
             if not isinstance(entry, TokensEntry) or entry.start != expected:
                 return None
             expected += len(entry.token_ids)

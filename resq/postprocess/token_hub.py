@@ -164,7 +164,11 @@ class _HubStream:
                 return None
             steady = self._steady
             if steady is not None and not self._entries and not self._in_flight:
-                batch = steady.step(fresh)
+                try:
+                    batch = steady.step(fresh)
+                except Exception:  # a broken contract (step does not raise): the thread reads them
+                    log.exception("a steady consumer of %s failed; its thread takes the entries", self.key)
+                    batch = None
                 if batch is not None:
                     self._in_flight = True
                     self._consumed = parse_id(fresh[-1][0])
@@ -329,13 +333,15 @@ class TokenStreamHub:
             deliveries = self._streams.route(replies)
         # Outside the hub's lock: a reader catching up holds its own lock and may wait for ours.
         staged: list[tuple[_HubStream, SteadyBatch]] = []
-        for readers, entries in deliveries:
-            for reader in readers:
-                batch = reader.offer(entries)
-                if batch is not None:
-                    staged.append((reader, batch))
-        if staged:
-            self._flush(staged)
+        try:
+            for readers, entries in deliveries:
+                for reader in readers:
+                    batch = reader.offer(entries)
+                    if batch is not None:
+                        staged.append((reader, batch))
+        finally:
+            if staged:  # whatever happened, a reader waiting for its batch gets it settled
+                self._flush(staged)
 
     def _flush(self, staged: list[tuple[_HubStream, SteadyBatch]]) -> None:
         """Send the round's steady writes in one pipeline and settle each batch with its replies."""
@@ -345,7 +351,7 @@ class TokenStreamHub:
         if any(counts):
             try:
                 replies = pipe.execute(raise_on_error=False)
-            except RedisError as error:
+            except Exception as error:  # RedisError, or anything: every batch must be settled
                 # The readers' threads write again with their own retries.
                 log.warning("a steady round's writes failed (%s); their readers write again", error)
                 replies = [error] * sum(counts)
