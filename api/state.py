@@ -16,6 +16,7 @@ from typing import Any, ParamSpec, TypeVar
 from celery import Celery
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
+from redis.asyncio.client import Pipeline as AsyncPipeline
 
 from api import metrics as api_metrics
 from api.auth import KeyRing, parse_api_keys
@@ -123,21 +124,23 @@ class AppState:
             self.prompt_pool, functools.partial(context.run, function, *args, **kwargs)
         )
 
-    async def track_for_recovery(self, response_id: str) -> bool:
-        """List a new response with the reaper, before anything else of it is written.
+    async def admit_generation(self, response_id: str) -> bool:
+        """Count a new response's generation against ``RESQ_MAX_PENDING``, before anything else of
+        it is written; False (nothing written) when that many are queued or running already.
 
-        If this process dies at any point after this, the reaper finds the response:
-        its generation job or its post-processor is dispatched again. False (nothing
-        written) when ``RESQ_MAX_PENDING`` generations are queued or running already.
+        The reaper drops an admitted entry whose response never got a record (this process died
+        before :meth:`stage_recovery`'s step), so the count cannot leak.
         """
         pipe = self.redis.pipeline(transaction=False)
         generations.admit(pipe, response_id, time.time(), self.settings.max_pending)
-        if not (await pipe.execute())[0]:
-            return False
-        pipe = self.redis.pipeline(transaction=False)
+        return bool((await pipe.execute())[0])
+
+    def stage_recovery(self, pipe: AsyncPipeline, response_id: str) -> None:
+        """Queue, in the step that records the response, its registration with the reaper: from
+        that step on, if this process dies, its generation job or its post-processor is
+        dispatched again. (One step with the record: a separate round trip before it cost a
+        pipeline per request.)"""
         register_lease(pipe, response_id, self.settings.postprocess_lease_s)
-        await pipe.execute()
-        return True
 
     async def dispatch_generation(self, response_id: str, model: str, lookup: tuple[str, ...] = ()) -> None:
         """Send the generation message of a staged job without blocking the loop: to the GPU worker

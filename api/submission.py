@@ -339,13 +339,14 @@ async def accept(
 
     created_json = jsonutil.dumps(created)
     ttl = settings.transient_ttl_s
-    if not await state.track_for_recovery(response_id):
+    if not await state.admit_generation(response_id):
         raise rate_limited(
             f"The server is at capacity ({settings.max_pending} generations queued or running); "
             "please retry shortly.",
             RETRY_AFTER_S,
         )
     pipe = state.redis.pipeline(transaction=True)
+    state.stage_recovery(pipe, response_id)
     records.create(
         pipe,
         response_id,
