@@ -65,6 +65,26 @@ def measure_once(system: HttpSystems, concurrency: int, tokens: int) -> dict[str
     }
 
 
+def paired_rounds(
+    systems: dict[str, HttpSystems], scenario: str, model: str, concurrency: int, tokens: int, rounds: int
+) -> ResultSet:
+    """Warm every system up at full width, then measure ``rounds`` rounds of all of them, back to
+    back in an order rotated per round (:func:`bench.stats.alternated`); each run is printed."""
+    for system in systems.values():
+        asyncio.run(load(system.stack, concurrency, tokens))
+    results = ResultSet()
+    for round_index in range(rounds):
+        for name in alternated(list(systems), round_index):
+            metrics = measure_once(systems[name], concurrency, tokens)
+            results.add(RunRecord(scenario, name, model, concurrency, round_index, metrics))
+            click.echo(
+                f"round {round_index + 1}: {name}: {metrics['tok_s']:7.1f} tok/s, "
+                f"{metrics['server_cpu_us_per_token']:6.1f} us/token outside the engine, "
+                f"{metrics['tokens_per_frame']:.1f} tokens per delta"
+            )
+    return results
+
+
 def interval_table(results: ResultSet, intervals: list[int], model: str, concurrency: int) -> Table:
     """Every interval's medians, and its per-round ratios against the first interval."""
     base = system_name(intervals[0])
@@ -137,18 +157,7 @@ def main(intervals: str, model: str, rounds: int, concurrency: int, tokens: int)
         for system in systems.values():
             system.stack.wait_ready()
         click.echo(f"model {served.key}; {concurrency} clients x {tokens} tokens; logs in {group.log_dir}")
-        for system in systems.values():  # warm-up at full width
-            asyncio.run(load(system.stack, concurrency, tokens))
-        results = ResultSet()
-        for round_index in range(rounds):
-            for name in alternated(list(systems), round_index):
-                metrics = measure_once(systems[name], concurrency, tokens)
-                results.add(RunRecord(SCENARIO, name, served.key, concurrency, round_index, metrics))
-                click.echo(
-                    f"round {round_index + 1}: {name:>6}: {metrics['tok_s']:7.1f} tok/s, "
-                    f"{metrics['server_cpu_us_per_token']:6.1f} us/token outside the engine, "
-                    f"{metrics['tokens_per_frame']:.1f} tokens per delta"
-                )
+        results = paired_rounds(systems, SCENARIO, served.key, concurrency, tokens, rounds)
         click.echo("")
         click.echo(to_markdown(interval_table(results, wanted, served.key, concurrency)))
     finally:

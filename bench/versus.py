@@ -16,7 +16,6 @@ accounting) is this checkout's for both.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import tempfile
@@ -29,9 +28,8 @@ from bench import cpu_accounting
 from bench.models import ensure_bench, ensure_tiny
 from bench.procs import ProcGroup
 from bench.report import Table, fmt, fmt_paired, to_markdown
-from bench.results import ResultSet, RunRecord
-from bench.stats import alternated
-from bench.stream_interval import ROLES, load, measure_once
+from bench.results import ResultSet
+from bench.stream_interval import ROLES, paired_rounds
 from bench.systems import HttpSystems, ResqStack
 from resq.embedded_redis import EmbeddedRedis
 
@@ -99,17 +97,7 @@ def main(base: str, model: str, rounds: int, concurrency: int, tokens: int) -> N
             trees = sorted({os.readlink(f"/proc/{proc.pid}/cwd") for proc in system.stack.procs})
             click.echo(f"{name}: processes started in {', '.join(trees)}")
         click.echo(f"model {served.key}; {concurrency} clients x {tokens} tokens; logs in {logs}")
-        for system in systems.values():  # warm-up at full width
-            asyncio.run(load(system.stack, concurrency, tokens))
-        results = ResultSet()
-        for round_index in range(rounds):
-            for name in alternated(list(systems), round_index):
-                metrics = measure_once(systems[name], concurrency, tokens)
-                results.add(RunRecord(SCENARIO, name, served.key, concurrency, round_index, metrics))
-                click.echo(
-                    f"round {round_index + 1}: {name}: {metrics['tok_s']:7.1f} tok/s, "
-                    f"{metrics['server_cpu_us_per_token']:6.1f} us/token outside the engine"
-                )
+        results = paired_rounds(systems, SCENARIO, served.key, concurrency, tokens, rounds)
         click.echo("")
         click.echo(to_markdown(versus_table(results, base, served.key, concurrency)))
     finally:
