@@ -181,10 +181,7 @@ class EventLogWriter:
 
     def append(self, events: list[EncodedEvent]) -> None:
         """Log ``events`` (consecutive, in order) in one round trip; see the module for the errors."""
-        if not events:
-            return
-        self._remember([event for event in events if event.sequence_number < self._next])
-        fresh = [event for event in events if event.sequence_number >= self._next]
+        fresh = self._unlogged(events)
         if not fresh:
             return
         first, last = fresh[0].sequence_number, fresh[-1].sequence_number
@@ -213,9 +210,7 @@ class EventLogWriter:
         if length > fresh[0].sequence_number:
             already = min(length, last + 1) - fresh[0].sequence_number
             log.info("%d events of %s were logged already (another post-processor)", already, self._key)
-        self._next = last + 1
-        self._remember(fresh)
-        metrics.note_events_logged(max(0, last + 1 - max(length, first)))
+        self._committed(fresh, max(0, last + 1 - max(length, first)))
 
     def stage(self, events: list[EncodedEvent]) -> StagedAppend | None:
         """:meth:`append`'s common case, to be sent in a pipeline that other logs' appends share.
@@ -225,14 +220,19 @@ class EventLogWriter:
         error) nothing is changed here and the caller logs the same events with :meth:`append`,
         which handles every case (the script skips what the log already holds).
         """
-        self._remember([event for event in events if event.sequence_number < self._next])
-        fresh = [event for event in events if event.sequence_number >= self._next]
+        fresh = self._unlogged(events)
         return StagedAppend(self, fresh) if fresh else None
 
-    def _committed(self, fresh: list[EncodedEvent]) -> None:
+    def _unlogged(self, events: list[EncodedEvent]) -> list[EncodedEvent]:
+        """The events past what this writer logged (those before it are only remembered)."""
+        self._remember([event for event in events if event.sequence_number < self._next])
+        return [event for event in events if event.sequence_number >= self._next]
+
+    def _committed(self, fresh: list[EncodedEvent], written: int) -> None:
+        """``fresh`` is in the log now, ``written`` of them by this write."""
         self._next = fresh[-1].sequence_number + 1
         self._remember(fresh)
-        metrics.note_events_logged(len(fresh))
+        metrics.note_events_logged(written)
 
     def end(self, unlogged: list[EncodedEvent], closing: list[EncodedEvent], ending: Ending) -> str:
         """Log ``unlogged`` (events a refused :meth:`append` left out), then ``closing`` and the
@@ -328,7 +328,7 @@ class StagedAppend:
         """Commit on the common reply (the log held exactly the events before); False otherwise."""
         if reply != self.events[0].sequence_number:
             return False
-        self._writer._committed(self.events)
+        self._writer._committed(self.events, len(self.events))
         return True
 
 

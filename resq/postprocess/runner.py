@@ -299,23 +299,13 @@ class _Run:
             entries = stream.read(self._last_id, READ_COUNT, READ_BLOCK_MS, self)
             if self._hub_error is not None:
                 raise self._hub_error
-            if self._handed_back:
-                unlogged, self._handed_back = self._handed_back, []
-                try:
-                    self._writer.append(unlogged)
-                    if processor.stopped_early and not self._engine_stopped:
-                        self._stop_engine()
-                except RedisRefusedError as refused:
-                    log.error("%s; failing %s", refused, response_id)
-                    return self._give_up(
-                        unlogged, "The server could not record the response's events.", refused
-                    )
-            if not entries:
+            # Events the hub's thread made but could not log go first, through the same append.
+            events, self._handed_back = self._handed_back, []
+            if not entries and not events:
                 if not self._redis.exists(keys.record(response_id)):
                     log.info("response %s was deleted while in flight", response_id)
                     return "missing"
                 continue
-            events: list[EncodedEvent] = []
             started = False
             failure: str | None = None
             for entry_id, fields in entries:
@@ -355,7 +345,8 @@ class _Run:
             except RedisRefusedError as refused:
                 log.error("%s; failing %s", refused, response_id)
                 return self._give_up(events, "The server could not record the response's events.", refused)
-            metrics.note_batch_logged(entries[0][0], "thread")
+            if entries:
+                metrics.note_batch_logged(entries[0][0], "thread")
             if failure is not None:
                 log.error("%s: %s", response_id, failure)
                 return self._give_up([], failure, None)
