@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar
 
 from celery import Celery
 from redis import Redis
@@ -25,17 +25,18 @@ from api.event_hub import EventHub
 from api.inline import InlinePostprocessor
 from api.rate_limit import RateLimiter
 from api.store import ResponseStore
-from resq import affinity, keys
+from resq import affinity
 from resq.catalog import AsyncModelCatalog
 from resq.celery_app import make_celery
 from resq.heartbeat import new_worker_id
 from resq.recovery import generations
-from resq.recovery.dispatch import send_generation
+from resq.recovery.dispatch import queue_generation, queue_postprocessing, send_generation
 from resq.recovery.leases import register_lease
 from resq.recovery.reaper import Reaper
 from resq.redis_client import async_redis, sync_redis
 from resq.sealed import Sealer, sealer_from_settings
 from resq.settings import Settings
+from resq.task_messages import TaskMessages
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,8 @@ class AppState:
     store: ResponseStore
     conversations: ConversationStore
     celery: Celery
+    task_messages: TaskMessages
+    """Builds the Celery messages that go out in the step recording a response (:mod:`resq.task_messages`)."""
     inline: InlinePostprocessor | None
     # Finds lost work (dead GPU workers, dead post-processors, lost messages); see resq.recovery.
     reaper_redis: Redis
@@ -67,10 +70,6 @@ class AppState:
     rate_limiter: RateLimiter | None
     sealer: Sealer
     """Opens the ``encrypted_content`` blobs clients send back (the post-processors seal them)."""
-    # Celery's publisher is blocking: it runs on a few threads, off the event loop.
-    publisher_pool: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(max_workers=4, thread_name_prefix="celery-publish")
-    )
     # A few MB of input take seconds to render and tokenize: never on the event loop, and on
     # a bounded pool, so that hostile requests queue behind each other, not behind every stream.
     prompt_pool: ThreadPoolExecutor = field(
@@ -101,19 +100,13 @@ class AppState:
             store=ResponseStore(redis, settings.transient_ttl_s),
             conversations=ConversationStore(redis, settings.store_ttl_s),
             celery=celery,
+            task_messages=TaskMessages(celery),
             inline=inline,
             reaper_redis=reaper_redis,
             reaper=reaper,
             keyring=keyring,
             rate_limiter=RateLimiter(redis, settings.rate_limit_rpm) if settings.rate_limit_rpm else None,
             sealer=sealer_from_settings(settings),
-        )
-
-    async def send_task(self, name: str, queue: str, kwargs: dict[str, Any]) -> None:
-        """Publish one Celery message without blocking the event loop."""
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(
-            self.publisher_pool, lambda: self.celery.send_task(name, kwargs=kwargs, queue=queue)
         )
 
     async def off_loop(self, function: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
@@ -142,35 +135,43 @@ class AppState:
         pipeline per request.)"""
         register_lease(pipe, response_id, self.settings.postprocess_lease_s)
 
-    async def dispatch_generation(self, response_id: str, model: str, lookup: tuple[str, ...] = ()) -> None:
-        """Send the generation message of a staged job without blocking the loop: to the GPU worker
-        that served its prefix last when ``lookup`` names one that can take it, else to its model's
-        shared queue (:mod:`resq.affinity`)."""
-        worker: str | None = None
-        if lookup:
-            reply = await self.redis.eval(
-                affinity.ROUTE_LUA, len(lookup), *lookup, affinity.WORKER_DETAILS_TEMPLATE, model
-            )
-            outcome, worker = affinity.parse_route(reply)
-            api_metrics.AFFINITY_ROUTED.labels(outcome).inc()
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(
-            self.publisher_pool, send_generation, self.celery, response_id, model, worker
+    async def route_generation(self, model: str, lookup: tuple[str, ...]) -> str | None:
+        """The GPU worker whose own queue a job goes to: the one that served its prefix last, when
+        ``lookup`` names one that can take it (:mod:`resq.affinity`); None: the model's shared queue.
+        No round trip without ``lookup``."""
+        if not lookup:
+            return None
+        reply = await self.redis.eval(
+            affinity.ROUTE_LUA, len(lookup), *lookup, affinity.WORKER_DETAILS_TEMPLATE, model
         )
+        outcome, worker = affinity.parse_route(reply)
+        api_metrics.AFFINITY_ROUTED.labels(outcome).inc()
+        return worker
 
-    async def start_postprocessing(self, response_id: str) -> None:
-        """Hand the response to a post-process worker, or to the inline post-processor."""
+    async def ready_to_queue_messages(self) -> None:
+        """Open the broker channel the messages are built with, off the loop (once: it pings Redis)."""
+        if not self.task_messages.connected:
+            await self.off_loop(self.task_messages.connect)
+
+    def queue_messages(self, pipe: AsyncPipeline, response_id: str, model: str, worker: str | None) -> None:
+        """Queue, in the step that records the response, its generation message (to ``worker``'s
+        own queue, or the shared one) and its post-processing message (unless this API
+        post-processes inline: :meth:`start_inline`). Call :meth:`ready_to_queue_messages` first."""
+        queue_generation(self.task_messages, pipe, response_id, model, worker)
+        if self.inline is None:
+            queue_postprocessing(self.task_messages, pipe, response_id)
+
+    def start_inline(self, response_id: str) -> None:
+        """Post-process ``response_id`` in this process, when it has the inline post-processor."""
         if self.inline is not None:
             self.inline.submit(response_id)
-        else:
-            await self.send_task(keys.POSTPROCESS_TASK, keys.POSTPROCESS_QUEUE, {"response_id": response_id})
 
     async def close(self) -> None:
         """Release everything."""
         self.reaper.stop()
         if self.inline is not None:
             self.inline.close()
-        self.publisher_pool.shutdown(wait=False)
+        self.task_messages.close()
         self.prompt_pool.shutdown(wait=False, cancel_futures=True)
         self.reaper_redis.close()
         await EventHub.close_for(self.redis)

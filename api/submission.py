@@ -345,6 +345,8 @@ async def accept(
             "please retry shortly.",
             RETRY_AFTER_S,
         )
+    worker = await state.route_generation(model, routing.lookup)
+    await state.ready_to_queue_messages()
     pipe = state.redis.pipeline(transaction=True)
     state.stage_recovery(pipe, response_id)
     records.create(
@@ -369,14 +371,12 @@ async def accept(
             pipe, caller.owner, response_id, items.own, item_index.INPUT, settings.store_ttl_s
         )
     generations.stage(pipe, job, ttl, int(time.time() * 1000))
+    # The Celery messages go in the same step: no window where the job is recorded but not sent,
+    # and no round trip (nor thread hop) of their own before the first token.
+    state.queue_messages(pipe, response_id, model, worker)
     await pipe.execute()
     faults.reached("api.after_record")
-
-    # Both messages at once: each publish is a blocking round trip (~1 ms) on a pool thread,
-    # and the first token waits for the generate message.
-    await asyncio.gather(
-        state.dispatch_generation(response_id, model, routing.lookup), state.start_postprocessing(response_id)
-    )
+    state.start_inline(response_id)
     log.info(
         "accepted: %d prompt tokens, at most %d new, stream=%s, endpoint=%s",
         len(prompt_ids),

@@ -3,10 +3,10 @@
 Off unless ``RESQ_FAULT_POINT`` names a point. A process that reaches the point it names
 ends at once with :data:`FAULT_EXIT_CODE`, as a ``kill -9`` would end it there: no
 ``finally`` block, no shutdown handler, no buffered write runs. The windows are the ones
-between two writes that recovery must bridge:
+between two writes (or a write and the answer) that recovery must bridge:
 
-- ``api.after_record``: the API recorded the response (record, first events, staged job) and
-  has sent neither Celery message;
+- ``api.after_record``: the API recorded the response in one step (record, first events, staged
+  job and both Celery messages) and has answered nothing;
 - ``gpu.after_claim``: a GPU worker claimed a job and has published nothing for it;
 - ``gpu.after_publish``: a GPU worker's publishing round trip landed and the worker has not
   counted it (it would send those tokens again);

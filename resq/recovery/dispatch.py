@@ -22,6 +22,7 @@ from redis import Redis
 
 from resq import jsonutil, keys
 from resq.redis_types import texts
+from resq.task_messages import CommandQueue, TaskMessages
 
 log = logging.getLogger(__name__)
 
@@ -33,16 +34,37 @@ def generation_task_id(response_id: str) -> str:
     return f"{response_id}/{uuid.uuid4().hex[:12]}"
 
 
+def _generation_queue(model: str, worker_id: str | None) -> str:
+    return keys.generate_queue(model) if worker_id is None else keys.worker_generate_queue(model, worker_id)
+
+
 def send_generation(celery: Celery, response_id: str, model: str, worker_id: str | None = None) -> None:
     """Send one ``resq.generate`` message for ``response_id`` (blocking): to ``model``'s shared
     queue, or to ``worker_id``'s own queue of it (cache-aware routing)."""
-    queue = keys.generate_queue(model) if worker_id is None else keys.worker_generate_queue(model, worker_id)
     celery.send_task(
         keys.GENERATE_TASK,
         kwargs={"response_id": response_id},
-        queue=queue,
+        queue=_generation_queue(model, worker_id),
         task_id=generation_task_id(response_id),
     )
+
+
+def queue_generation(
+    messages: TaskMessages, pipe: CommandQueue, response_id: str, model: str, worker_id: str | None = None
+) -> None:
+    """:func:`send_generation`'s message, as commands added to ``pipe`` (it goes out when ``pipe`` runs)."""
+    messages.queue_on(
+        pipe,
+        keys.GENERATE_TASK,
+        _generation_queue(model, worker_id),
+        {"response_id": response_id},
+        generation_task_id(response_id),
+    )
+
+
+def queue_postprocessing(messages: TaskMessages, pipe: CommandQueue, response_id: str) -> None:
+    """The ``resq.postprocess`` message of ``response_id``, as commands added to ``pipe``."""
+    messages.queue_on(pipe, keys.POSTPROCESS_TASK, keys.POSTPROCESS_QUEUE, {"response_id": response_id})
 
 
 def _response_id_of(message: bytes | str) -> str | None:

@@ -728,20 +728,20 @@ def test_a_gpu_worker_ended_right_after_claiming_or_publishing(
     check_stream(events, background=True)
 
 
-def test_an_api_ended_after_recording_before_sending_its_messages(
+def test_an_api_ended_right_after_recording_leaves_a_response_the_other_api_serves(
     make_stack: StackFactory, references: References
 ) -> None:
-    """The response is recorded and its job staged, but neither Celery message went out: the other
-    API's reaper sends the generation again and takes the post-processing over."""
+    """The API recorded the response, its job and both Celery messages in one step, then died before
+    answering: the workers carry the response to its end, and the other API serves all of it."""
     point = "api.after_record"
     stack = make_stack(apis=2, faulty={"api": point})
     r = stack.redis
     with pytest.raises(openai.APIConnectionError):
         stack.client(0).responses.create(model=MODEL, **LONG)
     wait_for_fault(stack.apis[0][0], point)
-    listed = [member.decode() for member in r.zrange(keys.GENERATIONS, 0, -1)]
-    assert len(listed) == 1, listed
-    response_id = listed[0]
+    recorded = [key.decode() for key in r.scan_iter(match=keys.record("resp_*"))]
+    assert len(recorded) == 1, recorded
+    response_id = recorded[0].split("{", 1)[1].split("}", 1)[0]
     other = stack.client(1)
     final = wait_ended(other, response_id)
     assert comparable(final.model_dump(mode="json")) == references(**LONG), stack.logs()

@@ -293,7 +293,7 @@ def test_a_job_without_message_is_dispatched_again_but_not_one_waiting_in_the_qu
     stage(r, job(OTHER), at=now)
     celery = make_celery(Settings(redis_url=private_redis.url))
     r.hset(keys.MODELS, "m", "{}")  # the model has a card: its queue is read
-    send_generation(celery, OTHER, "m")  # a real Celery message, as the API sends it
+    send_generation(celery, OTHER, "m")  # a real Celery message, as the reaper sends it
     assert queued_generations(r) == {OTHER}
     assert r.llen(keys.generate_queue("m")) == 1
 
