@@ -148,15 +148,15 @@ class AppState:
         api_metrics.AFFINITY_ROUTED.labels(outcome).inc()
         return worker
 
-    async def ready_to_queue_messages(self) -> None:
-        """Open the broker channel the messages are built with, off the loop (once: it pings Redis)."""
-        if not self.task_messages.connected:
-            await self.off_loop(self.task_messages.connect)
-
-    def queue_messages(self, pipe: AsyncPipeline, response_id: str, model: str, worker: str | None) -> None:
+    async def queue_messages(
+        self, pipe: AsyncPipeline, response_id: str, model: str, worker: str | None
+    ) -> None:
         """Queue, in the step that records the response, its generation message (to ``worker``'s
         own queue, or the shared one) and its post-processing message (unless this API
-        post-processes inline: :meth:`start_inline`). Call :meth:`ready_to_queue_messages` first."""
+        post-processes inline: :meth:`start_inline`). The first call opens the broker channel the
+        messages are built with, off the loop (it pings Redis)."""
+        if not self.task_messages.connected:
+            await self.off_loop(self.task_messages.connect)
         queue_generation(self.task_messages, pipe, response_id, model, worker)
         if self.inline is None:
             queue_postprocessing(self.task_messages, pipe, response_id)

@@ -346,7 +346,6 @@ async def accept(
             RETRY_AFTER_S,
         )
     worker = await state.route_generation(model, routing.lookup)
-    await state.ready_to_queue_messages()
     pipe = state.redis.pipeline(transaction=True)
     state.stage_recovery(pipe, response_id)
     records.create(
@@ -373,7 +372,7 @@ async def accept(
     generations.stage(pipe, job, ttl, int(time.time() * 1000))
     # The Celery messages go in the same step: no window where the job is recorded but not sent,
     # and no round trip (nor thread hop) of their own before the first token.
-    state.queue_messages(pipe, response_id, model, worker)
+    await state.queue_messages(pipe, response_id, model, worker)
     await pipe.execute()
     faults.reached("api.after_record")
     state.start_inline(response_id)

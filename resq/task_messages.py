@@ -11,15 +11,14 @@ The commands are not written by hand. The message is Celery's own
 (``app.amqp.create_task_message``, what ``send_task`` builds), and kombu's own Redis channel
 turns it into commands: ``prepare_message`` and ``basic_publish`` give the envelope its body
 encoding, delivery tag and delivery info, and the transport's ``_put`` hands the final
-``LPUSH`` to a publish batch (kombu's hook for batched publishing), here one that collects the
-commands instead of running them. ``tests/unit/test_task_messages.py`` checks that what they
+``LPUSH`` to a publish batch (kombu's hook for batched publishing), here one that adds the
+commands to the caller's pipeline instead of running them. ``tests/unit/test_task_messages.py`` checks that what they
 push equals what ``send_task`` pushes, and that a worker consumes it.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from celery import Celery
@@ -38,26 +37,16 @@ class CommandQueue(Protocol):
     def pexpire(self, name: Any, time: Any) -> Any: ...
 
 
-@dataclass(frozen=True)
-class BrokerCommand:
-    """One Redis command of a publish (``lpush`` of the envelope; ``pexpire`` for an expiring queue)."""
+class _IntoPipeline:
+    """A kombu publish batch that adds the commands of one publish to a caller's pipeline."""
 
-    name: str
-    args: tuple[Any, ...]
-
-    def queue_on(self, pipe: CommandQueue) -> None:
-        """Add this command to ``pipe``."""
-        getattr(pipe, self.name)(*self.args)
-
-
-class _Collected:
-    """A kombu publish batch that keeps the commands of one publish instead of sending them."""
-
-    def __init__(self) -> None:
-        self.commands: list[BrokerCommand] = []
+    def __init__(self, pipe: CommandQueue) -> None:
+        self._pipe = pipe
+        self.added = 0
 
     def add(self, name: str, *args: Any) -> None:
-        self.commands.append(BrokerCommand(name, args))
+        getattr(self._pipe, name)(*args)
+        self.added += 1
 
 
 class TaskMessages:
@@ -72,7 +61,7 @@ class TaskMessages:
 
     @property
     def connected(self) -> bool:
-        """Whether :meth:`commands` can run without a blocking round trip."""
+        """Whether :meth:`queue_on` can run without a blocking round trip."""
         return self._channel is not None
 
     def connect(self) -> None:
@@ -87,33 +76,26 @@ class TaskMessages:
                 raise ValueError("broker_transport_options.global_keyprefix is not supported")
             self._connection, self._channel = connection, channel
 
-    def commands(
-        self, task: str, queue: str, kwargs: dict[str, Any], task_id: str | None = None
-    ) -> list[BrokerCommand]:
-        """The commands that publish task ``task`` with ``kwargs`` to the direct queue ``queue``,
-        as ``send_task(task, kwargs=kwargs, queue=queue, task_id=task_id)`` would."""
-        self.connect()
+    def queue_on(
+        self, pipe: CommandQueue, task: str, queue: str, kwargs: dict[str, Any], task_id: str | None = None
+    ) -> None:
+        """Add to ``pipe`` the commands that publish task ``task`` with ``kwargs`` to the direct
+        queue ``queue``, as ``send_task(task, kwargs=kwargs, queue=queue, task_id=task_id)`` would:
+        the message goes out when ``pipe`` runs."""
+        if self._channel is None:
+            self.connect()
         channel = self._channel
-        task_id = task_id or uuid()
         headers, properties, body, _ = self._celery.amqp.create_task_message(
-            task_id, task, (), kwargs, ignore_result=None
+            task_id or uuid(), task, (), kwargs, ignore_result=None
         )
         content_type, content_encoding, payload = serialization.dumps(body, serializer="json")  # type: ignore[no-untyped-call]
         properties["delivery_mode"] = PERSISTENT
         message = channel.prepare_message(payload, 0, content_type, content_encoding, headers, properties)
-        collected = _Collected()
+        into = _IntoPipeline(pipe)
         # A direct queue's message goes through the anonymous exchange, routed by the queue's name.
-        channel.basic_publish(message, exchange="", routing_key=queue, _publish_batch=collected)
-        if not collected.commands:
+        channel.basic_publish(message, exchange="", routing_key=queue, _publish_batch=into)
+        if not into.added:
             raise RuntimeError("kombu published without handing its commands to the batch")
-        return collected.commands
-
-    def queue_on(
-        self, pipe: CommandQueue, task: str, queue: str, kwargs: dict[str, Any], task_id: str | None = None
-    ) -> None:
-        """Add the commands of :meth:`commands` to ``pipe``: the message goes out when it runs."""
-        for command in self.commands(task, queue, kwargs, task_id):
-            command.queue_on(pipe)
 
     def close(self) -> None:
         """Release kombu's connection."""
