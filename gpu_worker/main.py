@@ -8,6 +8,7 @@ import signal
 import socket
 import threading
 import time
+from contextlib import ExitStack
 
 from celery import Celery
 from celery.signals import worker_shutting_down
@@ -57,6 +58,9 @@ def _watch_engine(publisher: TokenPublisher) -> None:
 
 def run(settings: Settings) -> None:
     """Run one GPU worker until SIGTERM/SIGINT."""
+    # The metrics port first: a port taken fails the start in a second, before a model is
+    # loaded or an engine thread runs that would keep a half-started process alive.
+    serve_worker_metrics(settings)
     loaded = load_model(settings)
     redis = sync_redis(settings.redis_url)
     engine = Engine(loaded, settings)
@@ -64,9 +68,9 @@ def run(settings: Settings) -> None:
     # need an eagerly run step); the API refuses what the card rules out.
     card = loaded.card.model_copy(update={"penalties": engine.penalties is not None})
     register_model(redis, card, loaded.tokenizer_json)
-    engine.start()
-    generations = Generations(redis, settings.transient_ttl_s)
+    worker_id = new_worker_id("gpu")
     app = make_celery(settings)
+    generations = Generations(redis, settings.transient_ttl_s)
     publisher = TokenPublisher(
         redis,
         engine,
@@ -75,10 +79,6 @@ def run(settings: Settings) -> None:
         max_losses=settings.gpu_max_losses,
         stream_interval_s=settings.stream_interval_ms / 1000,
     )
-    publisher.start()
-    metrics.watch_engine(lambda: publisher.active_count, settings.max_batch)
-    serve_worker_metrics(settings)
-    worker_id = new_worker_id("gpu")
     heartbeat = Heartbeat(
         redis,
         keys.GPU_WORKERS,
@@ -96,36 +96,46 @@ def run(settings: Settings) -> None:
         # A Redis restarted without its data has forgotten the served models: publish again.
         on_beat=lambda: _ensure_registered(redis, card, loaded.tokenizer_json),
     )
-    heartbeat.start()
-    threading.Thread(target=_watch_engine, args=(publisher,), name="engine-watch", daemon=True).start()
-
-    service = GenerationService(
-        redis,
-        engine,
-        publisher,
-        generations,
-        worker_id,
-        dispatch=lambda rid: send_generation(app, rid, card.name),
-        model=card.name,
-    )
-    register_generate_task(app, service)
     release = WorkRelease(
         publisher, settings.shutdown_grace_s, dispatch=lambda rid: send_generation(app, rid, card.name)
     )
+    # Whatever was started is stopped on any way out, a failed start included (a live
+    # engine thread would otherwise keep the process from exiting). The stack unwinds
+    # last-in first: stop taking work, hand running work back, stop the engine, and only
+    # then withdraw the heartbeat, so no reaper takes this worker's work while it still runs.
+    with ExitStack() as started:
+        started.callback(heartbeat.stop)
+        engine.start()
+        started.callback(engine.stop, hard=True)
+        publisher.start()
+        metrics.watch_engine(lambda: publisher.active_count, settings.max_batch)
+        heartbeat.start()
+        threading.Thread(target=_watch_engine, args=(publisher,), name="engine-watch", daemon=True).start()
+        service = GenerationService(
+            redis,
+            engine,
+            publisher,
+            generations,
+            worker_id,
+            dispatch=lambda rid: send_generation(app, rid, card.name),
+            model=card.name,
+        )
+        register_generate_task(app, service)
 
-    def shutting_down(**_: object) -> None:
-        service.stopping.set()
-        release.begin()
+        def shutting_down(**_: object) -> None:
+            service.stopping.set()
+            release.begin()
 
-    worker_shutting_down.connect(shutting_down, weak=False)
-    reaper = Reaper(
-        redis, settings, worker_id, send_generation=lambda rid, model: send_generation(app, rid, model)
-    )
-    reaper.start()
-    # The model's shared queue, and this worker's own (jobs routed here for its cached prefixes).
-    queue = f"{keys.generate_queue(card.name)},{keys.worker_generate_queue(card.name, worker_id)}"
-    log.info("GPU worker %s serving %r; consuming queues %s", worker_id, card.name, queue)
-    try:
+        worker_shutting_down.connect(shutting_down, weak=False)
+        started.callback(release.finish)
+        reaper = Reaper(
+            redis, settings, worker_id, send_generation=lambda rid, model: send_generation(app, rid, model)
+        )
+        reaper.start()
+        started.callback(reaper.stop)
+        # The model's shared queue, and this worker's own (jobs routed here for its cached prefixes).
+        queue = f"{keys.generate_queue(card.name)},{keys.worker_generate_queue(card.name, worker_id)}"
+        log.info("GPU worker %s serving %r; consuming queues %s", worker_id, card.name, queue)
         app.worker_main(
             [
                 *(["--quiet"] if settings.log_format == "json" else []),  # the banner is not JSON
@@ -139,11 +149,6 @@ def run(settings: Settings) -> None:
                 "--without-mingle",
             ]
         )
-    finally:
-        reaper.stop()
-        release.finish()
-        engine.stop(hard=True)
-        heartbeat.stop()
 
 
 def _ensure_registered(redis: Redis, card: ModelCard, tokenizer_json: str) -> None:

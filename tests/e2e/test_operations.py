@@ -8,6 +8,7 @@ metrics on a port of its own (``tests/support/processes.py``), as in compose.
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import MODEL, Stack
 from tests.support.invariants import as_dict, check_stream
-from tests.support.processes import RoleProcess, wait_until
+from tests.support.processes import ProcessGroup, RoleProcess, free_port, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -172,3 +173,22 @@ def test_every_log_line_is_json_and_lines_about_a_response_carry_its_id(
         for record in json_lines(path):
             if response.id in record["message"]:
                 assert record.get("response_id") == response.id, record
+
+
+@pytest.mark.parametrize("role", ["gpu-worker", "postprocess-worker"])
+def test_a_worker_whose_metrics_port_is_taken_exits_at_once_saying_so(
+    base_env: dict[str, str], log_dir: Path, role: str
+) -> None:
+    """Before it loads a model or starts a thread that would keep a half-started process alive."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", free_port()))
+        taken.listen()
+        port = taken.getsockname()[1]
+        group = ProcessGroup(log_dir, base_env)
+        worker = group.start(role, f"{role}-port-taken", RESQ_METRICS_PORT=str(port))
+        try:
+            returncode = worker.process.wait(timeout=60)
+        finally:
+            group.stop_all()
+    assert returncode != 0
+    assert f"cannot serve metrics on 127.0.0.1:{port} (RESQ_METRICS_PORT)" in worker.log_tail()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,12 +24,38 @@ import redis
 START_TIMEOUT_S = 180.0
 
 
+def _ephemeral_ports() -> range:
+    # Where the kernel picks the local port of every outgoing connection (and of a bind to 0).
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return range(int(low), int(high) + 1)
+    except (OSError, ValueError):
+        return range(32768, 61000)
+
+
+_EPHEMERAL = _ephemeral_ports()
+# Candidates outside the ephemeral range: a port probed free here may be bound by a role
+# seconds later (after its model loads), and a port from the ephemeral range can be taken
+# meanwhile by any outgoing connection, a Redis client's for one.
+_CANDIDATES = [port for port in range(20000, 32768) if port not in _EPHEMERAL] or list(range(20000, 32768))
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
+    """A TCP port nobody listens on now, outside the kernel's ephemeral range, not handed out before."""
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(1000):
+        port = rng.choice(_CANDIDATES)
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
         return port
+    raise RuntimeError("no free TCP port found outside the ephemeral range")
 
 
 WORKER_ROLES = ("gpu-worker", "postprocess-worker")
