@@ -6,7 +6,9 @@ workers, API, each with its own redis-server), side by side, and loads them one 
 ``clients`` concurrent greedy streams of ``tokens`` tokens, in an order rotated between rounds
 (:func:`bench.stats.alternated`), after a full-width warm-up of both. Per run: streamed tokens
 per second, tokens per delta, TTFT p50 and B7's CPU per streamed token outside the engine thread
-by process (:mod:`bench.cpu_accounting`). Every ratio is the median of per-round ratios.
+by process (:mod:`bench.cpu_accounting`). With ``--probes N``, each round also times N sequential
+one-client streams of 4 tokens per tree (B2's probe: the latency of the path itself, with no
+batching to hide it); ``--clients 0`` runs only those. Every ratio is the median of per-round ratios.
 
 Each stack's processes start from their own tree (working directory and ``PYTHONPATH``, see
 :class:`bench.procs.ProcGroup`); the working directories of both stacks are printed, so a run
@@ -16,19 +18,22 @@ accounting) is this checkout's for both.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import tempfile
 from pathlib import Path
+from statistics import median
 
 import click
 import redis
 
-from bench import cpu_accounting
+from bench import clients, cpu_accounting
 from bench.models import ensure_bench, ensure_tiny
 from bench.procs import ProcGroup
 from bench.report import Table, fmt, fmt_paired, to_markdown
-from bench.results import ResultSet
+from bench.results import ResultSet, RunRecord
+from bench.stats import alternated
 from bench.stream_interval import ROLES, paired_rounds
 from bench.systems import HttpSystems, ResqStack
 from resq.embedded_redis import EmbeddedRedis
@@ -42,10 +47,14 @@ METRICS = (
     "tokens_per_frame",
     "ttft_p50_ms",
 )
+PROBE_METRICS = ("ttft1_p50_ms", "ttft1_p90_ms")
+PROBE_TOKENS = 4
 REPO = Path(__file__).resolve().parent.parent
 
 
-def versus_table(results: ResultSet, base: str, model: str, concurrency: int) -> Table:
+def versus_table(
+    results: ResultSet, base: str, model: str, concurrency: int, metrics: tuple[str, ...] = METRICS
+) -> Table:
     """Each metric's medians for both trees, and this checkout's per-round ratios to ``base``."""
     rows = [
         [
@@ -54,13 +63,42 @@ def versus_table(results: ResultSet, base: str, model: str, concurrency: int) ->
             fmt(results.scalar(SCENARIO, base, metric, model, concurrency)),
             fmt_paired(results.per_round_ratios(SCENARIO, HERE, base, metric, model, concurrency)),
         ]
-        for metric in METRICS
+        for metric in metrics
     ]
     return Table(
         f"{HERE} vs {base}, {model}, {concurrency} clients (medians of rounds; ratios paired per round)",
         ["metric", HERE, base, f"{HERE} / {base}"],
         rows,
     )
+
+
+async def _sequential_ttfts(stack: ResqStack, probes: int) -> list[float]:
+    async with clients.new_client() as client:
+        timings = [
+            await clients.resq_stream(client, stack.base_url, stack.model.served_name, PROBE_TOKENS)
+            for _ in range(probes)
+        ]
+    bad = [timing for timing in timings if timing.error is not None or timing.tokens != PROBE_TOKENS]
+    if bad:
+        raise RuntimeError(f"{len(bad)} of {probes} probes failed or were short: {bad[0]}")
+    return sorted(timing.ttft_s * 1000 for timing in timings)
+
+
+def probe_rounds(systems: dict[str, HttpSystems], model: str, probes: int, rounds: int) -> ResultSet:
+    """``rounds`` rounds of ``probes`` sequential one-client streams per system, alternated per round."""
+    for system in systems.values():  # warm-up, not measured
+        asyncio.run(_sequential_ttfts(system.stack, 5))
+    results = ResultSet()
+    for round_index in range(rounds):
+        for name in alternated(list(systems), round_index):
+            ttfts = asyncio.run(_sequential_ttfts(systems[name].stack, probes))
+            metrics = {"ttft1_p50_ms": median(ttfts), "ttft1_p90_ms": ttfts[int(0.9 * (len(ttfts) - 1))]}
+            results.add(RunRecord(SCENARIO, name, model, 1, round_index, metrics))
+            click.echo(
+                f"round {round_index + 1}: {name}: 1-client TTFT p50 {metrics['ttft1_p50_ms']:.2f} ms, "
+                f"p90 {metrics['ttft1_p90_ms']:.2f} ms ({probes} probes)"
+            )
+    return results
 
 
 def _worktree(rev: str) -> Path:
@@ -73,9 +111,18 @@ def _worktree(rev: str) -> Path:
 @click.option("--base", required=True, help="The commit (or branch, tag) to compare this checkout with.")
 @click.option("--model", type=click.Choice(["tiny", "bench"]), default="tiny", show_default=True)
 @click.option("--rounds", type=int, default=4, show_default=True)
-@click.option("--clients", "concurrency", type=int, default=32, show_default=True)
+@click.option(
+    "--clients", "concurrency", type=int, default=32, show_default=True, help="0: only the --probes rounds."
+)
 @click.option("--tokens", type=int, default=256, show_default=True)
-def main(base: str, model: str, rounds: int, concurrency: int, tokens: int) -> None:
+@click.option(
+    "--probes",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Sequential one-client TTFT probes per tree and round.",
+)
+def main(base: str, model: str, rounds: int, concurrency: int, tokens: int, probes: int) -> None:
     """This checkout against ``--base``, side by side, paired per round."""
     cache = Path.home() / ".cache" / "resq" / "bench-models"
     served = ensure_bench(cache) if model == "bench" else ensure_tiny(cache)
@@ -97,9 +144,14 @@ def main(base: str, model: str, rounds: int, concurrency: int, tokens: int) -> N
             trees = sorted({os.readlink(f"/proc/{proc.pid}/cwd") for proc in system.stack.procs})
             click.echo(f"{name}: processes started in {', '.join(trees)}")
         click.echo(f"model {served.key}; {concurrency} clients x {tokens} tokens; logs in {logs}")
-        results = paired_rounds(systems, SCENARIO, served.key, concurrency, tokens, rounds)
-        click.echo("")
-        click.echo(to_markdown(versus_table(results, base, served.key, concurrency)))
+        if concurrency:
+            results = paired_rounds(systems, SCENARIO, served.key, concurrency, tokens, rounds)
+            click.echo("")
+            click.echo(to_markdown(versus_table(results, base, served.key, concurrency)))
+        if probes:
+            probed = probe_rounds(systems, served.key, probes, rounds)
+            click.echo("")
+            click.echo(to_markdown(versus_table(probed, base, served.key, 1, PROBE_METRICS)))
     finally:
         for group in groups.values():
             group.stop_all()

@@ -56,8 +56,8 @@ def _watch_engine(publisher: TokenPublisher) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def run(settings: Settings) -> None:
-    """Run one GPU worker until SIGTERM/SIGINT."""
+def run(settings: Settings) -> int:
+    """Run one GPU worker until SIGTERM/SIGINT; the Celery worker's exit code."""
     # The metrics port first: a port taken fails the start in a second, before a model is
     # loaded or an engine thread runs that would keep a half-started process alive.
     serve_worker_metrics(settings)
@@ -136,7 +136,7 @@ def run(settings: Settings) -> None:
         # The model's shared queue, and this worker's own (jobs routed here for its cached prefixes).
         queue = f"{keys.generate_queue(card.name)},{keys.worker_generate_queue(card.name, worker_id)}"
         log.info("GPU worker %s serving %r; consuming queues %s", worker_id, card.name, queue)
-        app.worker_main(
+        exit_code = app.start(
             [
                 *(["--quiet"] if settings.log_format == "json" else []),  # the banner is not JSON
                 "worker",
@@ -149,6 +149,7 @@ def run(settings: Settings) -> None:
                 "--without-mingle",
             ]
         )
+    return int(exit_code or 0)
 
 
 def _ensure_registered(redis: Redis, card: ModelCard, tokenizer_json: str) -> None:

@@ -65,7 +65,7 @@ class GenerationService:
         if claim.outcome == "unreadable" and claim.fence is not None:
             message = f"This GPU worker cannot read the job ({claim.error}): is it of an older release?"
             log.error("not generating %s: %s", response_id, message)
-            generated = len(self._generations.progress(response_id).token_ids)
+            generated = len(self._generations.progress_after(response_id, claim).token_ids)
             self._publisher.finish_unstarted(
                 response_id, claim.fence, FinishEntry("error", 0, generated, message)
             )
@@ -78,7 +78,7 @@ class GenerationService:
         fence = claim.fence
         faults.reached("gpu.after_claim")
         end_tokens = frozenset(self._engine.end_tokens(claim.job))
-        plan = plan_resume(claim.job, self._generations.progress(response_id), end_tokens)
+        plan = plan_resume(claim.job, self._generations.progress_after(response_id, claim), end_tokens)
         if isinstance(plan, FinishEntry):
             # The lost worker had generated everything; only its finish entry was missing.
             self._publisher.finish_unstarted(response_id, fence, plan)
@@ -92,16 +92,18 @@ class GenerationService:
             entry = FinishEntry("error", plan.prompt_tokens, plan.already_generated, message)
             self._publisher.finish_unstarted(response_id, fence, entry)
             return
-        if claim.job.affinity_keys:
-            # The next turn of this prefix comes here while this worker's cache holds it.
-            pipe = self._redis.pipeline(transaction=False)
-            affinity.record(pipe, self._worker_id, claim.job.affinity_keys)
-            pipe.execute()
         if plan.already_generated:
             log.info(
                 "resuming %s after %d tokens (claim %d)", response_id, plan.already_generated, fence.epoch
             )
+        if claim.cancelled:
+            self._finish_cancelled(response_id, fence, plan)
+            return
+        # A slot taken at once leaves the claim's look at the cancel flag current (a cancel from
+        # here on reaches the publisher's check of its first round); after a wait, look again.
+        waited = False
         while not self._engine.acquire_slot(SLOT_POLL_S):
+            waited = True
             if self._cancelled(response_id):
                 self._finish_cancelled(response_id, fence, plan)
                 return
@@ -110,7 +112,7 @@ class GenerationService:
                 if self._generations.hand_back(response_id, fence, int(time.time() * 1000)):
                     self._dispatch(response_id)
                 return
-        if self._cancelled(response_id):
+        if waited and self._cancelled(response_id):
             self._engine.release_slot()
             self._finish_cancelled(response_id, fence, plan)
             return
@@ -120,7 +122,13 @@ class GenerationService:
             if self._generations.hand_back(response_id, fence, int(time.time() * 1000)):
                 self._dispatch(response_id)
             return
-        self._admit(response_id, fence, plan)
+        if self._admit(response_id, fence, plan) and claim.job.affinity_keys:
+            # The next turn of this prefix comes here while this worker's cache holds it. Recorded
+            # once the engine has the job (the next turn comes after this one's end, not before
+            # its first token), so the round trip overlaps the first step instead of preceding it.
+            pipe = self._redis.pipeline(transaction=False)
+            affinity.record(pipe, self._worker_id, claim.job.affinity_keys)
+            pipe.execute()
 
     def _cancelled(self, response_id: str) -> bool:
         return bool(self._redis.exists(keys.cancel(response_id)))
@@ -129,17 +137,12 @@ class GenerationService:
         entry = FinishEntry("cancelled", plan.prompt_tokens, plan.already_generated)
         self._publisher.finish_unstarted(response_id, fence, entry)
 
-    def _admit(self, response_id: str, fence: Fence, plan: Resumption) -> None:
+    def _admit(self, response_id: str, fence: Fence, plan: Resumption) -> bool:
+        """Hand the planned job to the engine; False when it did not take it."""
         job = plan.job
         request_id = engine_request_id(response_id, fence.epoch)
         self._publisher.start_request(
             response_id, fence, plan, job.stop_token_ids, job.logprobs and self._engine.logprobs, request_id
-        )
-        metrics.PROMPT_TOKENS.inc(len(job.prompt_token_ids) if not plan.already_generated else 0)
-        log.info(
-            "generation started: %d prompt tokens, at most %d new",
-            len(job.prompt_token_ids),
-            job.max_output_tokens,
         )
         try:
             self._engine.add(plan.job, plan.job.prompt_token_ids[plan.prompt_tokens :], request_id)
@@ -151,9 +154,19 @@ class GenerationService:
             self._engine.release_slot()
             if self._generations.hand_back(response_id, fence, int(time.time() * 1000)):
                 self._dispatch(response_id)
+            return False
         except (ValueError, TypeError) as exc:
             log.error("engine refused %s: %s", response_id, exc)
             self._publisher.forget(response_id)
             self._engine.release_slot()
             entry = FinishEntry("error", plan.prompt_tokens, plan.already_generated, str(exc))
             self._publisher.finish_unstarted(response_id, fence, entry)
+            return False
+        # Counted and logged once the engine has the job: its first step need not wait for them.
+        metrics.PROMPT_TOKENS.inc(len(job.prompt_token_ids) if not plan.already_generated else 0)
+        log.info(
+            "generation started: %d prompt tokens, at most %d new",
+            len(job.prompt_token_ids),
+            job.max_output_tokens,
+        )
+        return True

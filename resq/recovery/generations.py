@@ -52,21 +52,28 @@ FINISHED: Final = "finished"
 FAILED: Final = "failed"
 
 CLAIM_LUA: Final = """
--- KEYS[1] generation; ARGV[1] worker id. Returns {outcome, epoch, job}.
+-- KEYS: generation, cancel flag; ARGV[1] worker id. Returns {outcome, epoch, job, published,
+-- cancelled}: published is 1 when an earlier claim appended to the token stream (only then
+-- must the claimer read it to resume), cancelled 1 when the response's cancel flag is set.
+-- Both ride on the claim so that a fresh job reaches the engine after one round trip.
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then
-  return {'missing', 0, ''}
+  return {'missing', 0, '', 0, 0}
 end
 if state ~= 'pending' then
-  return {state, 0, ''}
+  return {state, 0, '', 0, 0}
 end
 if redis.call('HGET', KEYS[1], 'owner') ~= '' then
-  return {'owned', 0, ''}
+  return {'owned', 0, '', 0, 0}
 end
 local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
 local now = redis.call('TIME')
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'unowned_since', '', 'progressed_at', now[1] * 1000 + math.floor(now[2] / 1000))
-return {'claimed', epoch, redis.call('HGET', KEYS[1], 'job')}
+local published = 0
+if redis.call('HGET', KEYS[1], 'started') == '1' or (tonumber(redis.call('HGET', KEYS[1], 'generated')) or 0) > 0 then
+  published = 1
+end
+return {'claimed', epoch, redis.call('HGET', KEYS[1], 'job'), published, redis.call('EXISTS', KEYS[2])}
 """
 
 PUBLISH_LUA: Final = """
@@ -191,6 +198,10 @@ class Claim:
     job: GenerationJob | None = None
     error: str | None = None
     """``unreadable``: why the job did not parse (claimed all the same, so that it can be ended)."""
+    published: bool = False
+    """Claimed: an earlier claim appended to the token stream, which the resumption must read."""
+    cancelled: bool = False
+    """Claimed: the response's cancel flag was set when it was claimed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,22 +350,33 @@ class Generations:
 
     def claim(self, response_id: str, worker_id: str) -> Claim:
         """Take the job for ``worker_id`` if nobody owns it and it has not ended."""
-        outcome, epoch, job_json = self._claim(keys=[keys.generation(response_id)], args=[worker_id])
+        outcome, epoch, job_json, published, cancelled = self._claim(
+            keys=[keys.generation(response_id), keys.cancel(response_id)], args=[worker_id]
+        )
         name = outcome.decode()
         if name != "claimed":
             return Claim(name)
         fence = Fence(worker_id, int(epoch))
+        published, cancelled = bool(published), bool(cancelled)
         try:
-            return Claim("claimed", fence, GenerationJob.model_validate_json(job_json))
+            job = GenerationJob.model_validate_json(job_json)
         except ValidationError as unreadable:
             # A job of a newer release that uses a field this worker lacks (a rolling upgrade):
             # the claim is held, so the caller ends it at once instead of leaving it to the watchdog.
-            return Claim("unreadable", fence, None, str(unreadable).splitlines()[0])
+            error = str(unreadable).splitlines()[0]
+            return Claim("unreadable", fence, None, error, published=published, cancelled=cancelled)
+        return Claim("claimed", fence, job, published=published, cancelled=cancelled)
 
     def progress(self, response_id: str) -> Progress:
         """What the job's token stream holds (read after a claim: nobody else appends then)."""
         entries = range_entries(self._redis.xrange(keys.tokens(response_id)))
         return read_progress([decode_entry(fields) for _, fields in entries])
+
+    def progress_after(self, response_id: str, claim: Claim) -> Progress:
+        """:meth:`progress` for the holder of ``claim``, without a read when no earlier claim published."""
+        if not claim.published:
+            return Progress(started=False, token_ids=[], finished=False)
+        return self.progress(response_id)
 
     def publish(
         self, pipe: Pipeline, response_id: str, fence: Fence, entry: TokenStreamEntry, at: int

@@ -78,6 +78,8 @@ def test_one_claim_at_a_time_and_appends_are_fenced_and_exactly_once(r: redis.Re
     first = gens.claim(RESPONSE, "gpu-1")
     assert first.outcome == "claimed" and first.fence == Fence("gpu-1", 1)
     assert first.job == job()
+    assert not first.published and not first.cancelled
+    assert gens.progress_after(RESPONSE, first) == Progress(started=False, token_ids=[], finished=False)
     assert gens.claim(RESPONSE, "gpu-2").outcome == "owned"
 
     fence = first.fence
@@ -94,7 +96,8 @@ def test_one_claim_at_a_time_and_appends_are_fenced_and_exactly_once(r: redis.Re
     assert publish(gens, r, fence, TokensEntry([9]), 2) == FENCED_OFF
     second = gens.claim(RESPONSE, "gpu-2")
     assert second.outcome == "claimed" and second.fence == Fence("gpu-2", 2)
-    assert gens.progress(RESPONSE) == Progress(started=True, token_ids=[7, 8], finished=False)
+    assert second.published
+    assert gens.progress_after(RESPONSE, second) == Progress(started=True, token_ids=[7, 8], finished=False)
     assert second.fence is not None
     # A finish that counts tokens the stream does not hold (their append was refused) is refused too.
     assert publish(gens, r, second.fence, FinishEntry("length", 3, 3), 3) == -1
@@ -112,6 +115,22 @@ def test_one_claim_at_a_time_and_appends_are_fenced_and_exactly_once(r: redis.Re
     assert field(r, "state") == "finished"
     assert gens.claim(RESPONSE, "gpu-3").outcome == "finished"
     assert gens.claim(OTHER, "gpu-3").outcome == "missing"
+
+
+def test_a_claim_says_whether_an_earlier_claim_published_and_whether_the_response_is_cancelled(
+    r: redis.Redis,
+) -> None:
+    gens = Generations(r, TTL_S)
+    stage(r, job())
+    first = gens.claim(RESPONSE, "gpu-1")
+    assert first.fence is not None and not first.published
+    # Only the start entry went out before the claim was lost: the next claim must still read it.
+    assert publish(gens, r, first.fence, StartEntry(3), 0) == APPENDED
+    assert gens.release_lost(RESPONSE, first.fence, int(time.time() * 1000)) == 1
+    r.set(keys.cancel(RESPONSE), "1")
+    second = gens.claim(RESPONSE, "gpu-2")
+    assert second.published and second.cancelled
+    assert gens.progress_after(RESPONSE, second) == Progress(started=True, token_ids=[], finished=False)
 
 
 def test_a_handed_back_job_is_claimable_and_counts_no_loss(r: redis.Redis) -> None:
