@@ -92,6 +92,11 @@ class GenerationService:
             entry = FinishEntry("error", plan.prompt_tokens, plan.already_generated, message)
             self._publisher.finish_unstarted(response_id, fence, entry)
             return
+        if claim.job.affinity_keys:
+            # The next turn of this prefix comes here while this worker's cache holds it.
+            pipe = self._redis.pipeline(transaction=False)
+            affinity.record(pipe, self._worker_id, claim.job.affinity_keys)
+            pipe.execute()
         if plan.already_generated:
             log.info(
                 "resuming %s after %d tokens (claim %d)", response_id, plan.already_generated, fence.epoch
@@ -122,13 +127,7 @@ class GenerationService:
             if self._generations.hand_back(response_id, fence, int(time.time() * 1000)):
                 self._dispatch(response_id)
             return
-        if self._admit(response_id, fence, plan) and claim.job.affinity_keys:
-            # The next turn of this prefix comes here while this worker's cache holds it. Recorded
-            # once the engine has the job (the next turn comes after this one's end, not before
-            # its first token), so the round trip overlaps the first step instead of preceding it.
-            pipe = self._redis.pipeline(transaction=False)
-            affinity.record(pipe, self._worker_id, claim.job.affinity_keys)
-            pipe.execute()
+        self._admit(response_id, fence, plan)
 
     def _cancelled(self, response_id: str) -> bool:
         return bool(self._redis.exists(keys.cancel(response_id)))
@@ -137,12 +136,17 @@ class GenerationService:
         entry = FinishEntry("cancelled", plan.prompt_tokens, plan.already_generated)
         self._publisher.finish_unstarted(response_id, fence, entry)
 
-    def _admit(self, response_id: str, fence: Fence, plan: Resumption) -> bool:
-        """Hand the planned job to the engine; False when it did not take it."""
+    def _admit(self, response_id: str, fence: Fence, plan: Resumption) -> None:
         job = plan.job
         request_id = engine_request_id(response_id, fence.epoch)
         self._publisher.start_request(
             response_id, fence, plan, job.stop_token_ids, job.logprobs and self._engine.logprobs, request_id
+        )
+        metrics.PROMPT_TOKENS.inc(len(job.prompt_token_ids) if not plan.already_generated else 0)
+        log.info(
+            "generation started: %d prompt tokens, at most %d new",
+            len(job.prompt_token_ids),
+            job.max_output_tokens,
         )
         try:
             self._engine.add(plan.job, plan.job.prompt_token_ids[plan.prompt_tokens :], request_id)
@@ -154,19 +158,9 @@ class GenerationService:
             self._engine.release_slot()
             if self._generations.hand_back(response_id, fence, int(time.time() * 1000)):
                 self._dispatch(response_id)
-            return False
         except (ValueError, TypeError) as exc:
             log.error("engine refused %s: %s", response_id, exc)
             self._publisher.forget(response_id)
             self._engine.release_slot()
             entry = FinishEntry("error", plan.prompt_tokens, plan.already_generated, str(exc))
             self._publisher.finish_unstarted(response_id, fence, entry)
-            return False
-        # Counted and logged once the engine has the job: its first step need not wait for them.
-        metrics.PROMPT_TOKENS.inc(len(job.prompt_token_ids) if not plan.already_generated else 0)
-        log.info(
-            "generation started: %d prompt tokens, at most %d new",
-            len(job.prompt_token_ids),
-            job.max_output_tokens,
-        )
-        return True
