@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 from redis import Redis
 from redis.client import Pipeline
+from redis.connection import Connection
 from redis.exceptions import RedisError
 
 from resq import keys
@@ -263,6 +264,8 @@ class TokenStreamHub:
         self._woken = False
         self._stopped = False
         self._thread: threading.Thread | None = None
+        self._connection: Connection | None = None
+        """The reading thread's own connection (taken from the client's pool, held)."""
 
     def open(self, key: str) -> TokenStream:
         """A reader of ``key`` fed by the hub (it joins at its first read)."""
@@ -310,12 +313,15 @@ class TokenStreamHub:
                 while not self._streams and not self._stopped:
                     self._changed.wait()
                 if self._stopped:
+                    if self._connection is not None:
+                        self.redis.connection_pool.release(self._connection)
+                        self._connection = None
                     return
-                streams: dict[Any, Any] = self._streams.read_arguments()
-                self._reading = frozenset(streams)
+                command = self._streams.xread_command(self._count, self._block_ms)
+                self._reading = self._streams.names()
                 self._woken = False
             try:
-                reply = self.redis.xread(streams, count=self._count, block=self._block_ms)
+                reply = self._read(command)
             except Exception:  # the thread must outlive any failure: every reader depends on it
                 log.exception("reading token streams failed; retrying")
                 time.sleep(RETRY_PAUSE_S)
@@ -327,6 +333,29 @@ class TokenStreamHub:
                 self._dispatch(multi_stream_entries(reply))
             except Exception:  # a consumer broke its contract (step and settle do not raise)
                 log.exception("handing out token-stream entries failed")
+
+    def _read(self, command: bytes) -> Any:
+        """Send a packed ``XREAD`` on the hub's own connection (see :mod:`api.event_hub` for why)
+        and parse its reply as redis-py would; the client's retry policy applies."""
+        if self._connection is None:
+            self._connection = self.redis.connection_pool.get_connection()
+        connection = self._connection
+
+        def send_and_read() -> Any:
+            connection.send_packed_command([command])  # type: ignore[no-untyped-call]
+            return self.redis.parse_response(connection, "XREAD")  # type: ignore[no-untyped-call]
+
+        try:
+            return connection.retry.call_with_retry(
+                send_and_read,
+                lambda _: connection.disconnect(),  # type: ignore[no-untyped-call]
+            )
+        except BaseException:
+            # Failed past the retries: the connection may hold half a reply.
+            self._connection = None
+            connection.disconnect()  # type: ignore[no-untyped-call]
+            self.redis.connection_pool.release(connection)
+            raise
 
     def _dispatch(self, replies: list[tuple[bytes, list[StreamEntry]]]) -> None:
         with self._lock:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from redis.connection import Connection
+
 from resq.followed_streams import FollowedStreams, entries_past
 from resq.redis_types import StreamEntry
 
@@ -58,3 +60,24 @@ def test_a_stream_without_readers_is_no_longer_read() -> None:
     streams.discard(b"a", "r2")  # twice: nothing
     assert streams.position(b"a") is None and not streams
     assert streams.route([(b"a", [entry("1-0")])]) == []
+
+
+def test_the_packed_read_is_the_command_redis_py_packs_from_the_read_arguments() -> None:
+    streams: FollowedStreams[str] = FollowedStreams("wake:1")
+    assert_packs_like_redis_py(streams)
+    streams.add(b"resq:{resp_a}:events", "r1", (0, 0))
+    streams.add(b"resq:{resp_b}:events", "r2", (1796228314365, 12))
+    assert_packs_like_redis_py(streams)
+    # Positions move with the reply (the wake-up stream's too); a stream left is no longer read.
+    streams.route([(b"resq:{resp_a}:events", [entry("17-3")]), (b"wake:1", [entry("18-0")])])
+    streams.discard(b"resq:{resp_b}:events", "r2")
+    assert_packs_like_redis_py(streams)
+    assert streams.names() == frozenset({b"resq:{resp_a}:events"})
+
+
+def assert_packs_like_redis_py(streams: FollowedStreams[str]) -> None:
+    arguments = streams.read_arguments()
+    packed = Connection().pack_command(
+        "XREAD", "COUNT", 128, "BLOCK", 5000, "STREAMS", *arguments.keys(), *arguments.values()
+    )
+    assert streams.xread_command(128, 5000) == b"".join(packed)
