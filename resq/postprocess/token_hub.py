@@ -313,9 +313,7 @@ class TokenStreamHub:
                 while not self._streams and not self._stopped:
                     self._changed.wait()
                 if self._stopped:
-                    if self._connection is not None:
-                        self.redis.connection_pool.release(self._connection)
-                        self._connection = None
+                    self._drop_connection(disconnect=False)
                     return
                 command = self._streams.xread_command(self._count, self._block_ms)
                 self._reading = self._streams.names()
@@ -352,10 +350,16 @@ class TokenStreamHub:
             )
         except BaseException:
             # Failed past the retries: the connection may hold half a reply.
-            self._connection = None
-            connection.disconnect()  # type: ignore[no-untyped-call]
-            self.redis.connection_pool.release(connection)
+            self._drop_connection(disconnect=True)
             raise
+
+    def _drop_connection(self, disconnect: bool) -> None:
+        connection, self._connection = self._connection, None
+        if connection is None:
+            return
+        if disconnect:
+            connection.disconnect()  # type: ignore[no-untyped-call]
+        self.redis.connection_pool.release(connection)
 
     def _dispatch(self, replies: list[tuple[bytes, list[StreamEntry]]]) -> None:
         with self._lock:
