@@ -18,9 +18,11 @@ API's hub relays them with one read, instead of a round per request whose own
 interval happened to end. A request's first tokens and its end go out at once
 (time to first token is unchanged), and the cancellation checks ride on the
 same rounds.
-The start entry of a newly admitted request goes out in the same pipeline, ahead
-of its first tokens (within :data:`IDLE_WAIT_S` when the engine is slower), so
-admission adds nothing between the Celery message and the engine. Pipelines are
+The start entry of a request admitted after waiting for room goes out in the same
+pipeline, ahead of its first tokens (within :data:`IDLE_WAIT_S` when the engine is
+slower), so admission adds nothing between the Celery message and the engine; a
+request claimed while the engine had room got its start entry from the claim
+(:meth:`resq.recovery.generations.Generations.claim`). Pipelines are
 sent with :func:`gpu_worker.pipelines.execute`: one round trip, Lua included.
 
 An append is refused when this worker no longer holds the job's claim (the

@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from redis import Redis
 
@@ -61,7 +62,20 @@ class GenerationService:
             log.info("shutting down: passing %s on unclaimed", response_id)
             self._dispatch(response_id)
             return
-        claim = self._generations.claim(response_id, self._worker_id)
+        # Room in the engine now: the slot is taken before the claim, and the claim appends the
+        # start entry in its own round trip, so the post-processor opens the response while the
+        # engine computes the first token. A job that must wait for room gets its start entry
+        # from the publisher once the engine takes it: "started" means what the engine did.
+        holding = self._engine.acquire_slot(0)
+        try:
+            holding = self._claim_and_admit(response_id, holding)
+        finally:
+            if holding:
+                self._engine.release_slot()
+
+    def _claim_and_admit(self, response_id: str, holding: bool) -> bool:
+        """Claim, plan and admit ``response_id``; whether a slot is still held that no request took."""
+        claim = self._generations.claim(response_id, self._worker_id, publish_start=holding)
         if claim.outcome == "unreadable" and claim.fence is not None:
             message = f"This GPU worker cannot read the job ({claim.error}): is it of an older release?"
             log.error("not generating %s: %s", response_id, message)
@@ -69,12 +83,12 @@ class GenerationService:
             self._publisher.finish_unstarted(
                 response_id, claim.fence, FinishEntry("error", 0, generated, message)
             )
-            return
+            return holding
         if claim.fence is None or claim.job is None:
             log.info("not generating %s: %s", response_id, claim.outcome)
             if claim.outcome != "owned":
                 self._generations.forget(response_id)
-            return
+            return holding
         fence = claim.fence
         faults.reached("gpu.after_claim")
         end_tokens = frozenset(self._engine.end_tokens(claim.job))
@@ -82,7 +96,9 @@ class GenerationService:
         if isinstance(plan, FinishEntry):
             # The lost worker had generated everything; only its finish entry was missing.
             self._publisher.finish_unstarted(response_id, fence, plan)
-            return
+            return holding
+        if claim.started:
+            plan = replace(plan, publish_start=False)
         if self._model is not None and claim.job.model != self._model:
             # The API rendered the prompt with another model's tokenizer and template: generating
             # it here would serve the wrong model. (resq serves one model per deployment; a
@@ -91,7 +107,7 @@ class GenerationService:
             log.error("not generating %s: %s", response_id, message)
             entry = FinishEntry("error", plan.prompt_tokens, plan.already_generated, message)
             self._publisher.finish_unstarted(response_id, fence, entry)
-            return
+            return holding
         if claim.job.affinity_keys:
             # The next turn of this prefix comes here while this worker's cache holds it.
             pipe = self._redis.pipeline(transaction=False)
@@ -103,31 +119,34 @@ class GenerationService:
             )
         if claim.cancelled:
             self._finish_cancelled(response_id, fence, plan)
-            return
-        # A slot taken at once leaves the claim's look at the cancel flag current (a cancel from
-        # here on reaches the publisher's check of its first round); after a wait, look again.
+            return holding
+        # A slot taken before the claim leaves the claim's look at the cancel flag current (a
+        # cancel from here on reaches the publisher's check of its first round); after a wait,
+        # look again.
         waited = False
-        while not self._engine.acquire_slot(SLOT_POLL_S):
+        while not holding:
+            holding = self._engine.acquire_slot(SLOT_POLL_S)
+            if holding:
+                break
             waited = True
             if self._cancelled(response_id):
                 self._finish_cancelled(response_id, fence, plan)
-                return
+                return holding
             if self.stopping.is_set():
                 # Shutting down with a full engine: another GPU worker (or this one, restarted) takes it.
                 if self._generations.hand_back(response_id, fence, int(time.time() * 1000)):
                     self._dispatch(response_id)
-                return
+                return holding
         if waited and self._cancelled(response_id):
-            self._engine.release_slot()
             self._finish_cancelled(response_id, fence, plan)
-            return
+            return holding
         if self.stopping.is_set():
             # Shutdown began while this job waited for its slot: not admitted here either.
-            self._engine.release_slot()
             if self._generations.hand_back(response_id, fence, int(time.time() * 1000)):
                 self._dispatch(response_id)
-            return
+            return holding
         self._admit(response_id, fence, plan)
+        return False
 
     def _cancelled(self, response_id: str) -> bool:
         return bool(self._redis.exists(keys.cancel(response_id)))

@@ -52,28 +52,41 @@ FINISHED: Final = "finished"
 FAILED: Final = "failed"
 
 CLAIM_LUA: Final = """
--- KEYS: generation, cancel flag; ARGV[1] worker id. Returns {outcome, epoch, job, published,
--- cancelled}: published is 1 when an earlier claim appended to the token stream (only then
--- must the claimer read it to resume), cancelled 1 when the response's cancel flag is set.
--- Both ride on the claim so that a fresh job reaches the engine after one round trip.
+-- KEYS: generation, cancel flag, tokens; ARGV: worker id, '1' to publish the start entry, TTL s.
+-- Returns {outcome, epoch, job, published, cancelled, started}: published is 1 when an earlier
+-- claim appended to the token stream (only then must the claimer read it to resume), cancelled
+-- 1 when the response's cancel flag is set, started 1 when this claim appended the start entry
+-- (asked for by a claimer with room in its engine now, for a job never started nor cancelled).
+-- All ride on the claim so that a fresh job reaches the engine after one round trip.
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then
-  return {'missing', 0, '', 0, 0}
+  return {'missing', 0, '', 0, 0, 0}
 end
 if state ~= 'pending' then
-  return {state, 0, '', 0, 0}
+  return {state, 0, '', 0, 0, 0}
 end
 if redis.call('HGET', KEYS[1], 'owner') ~= '' then
-  return {'owned', 0, '', 0, 0}
+  return {'owned', 0, '', 0, 0, 0}
 end
 local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
 local now = redis.call('TIME')
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'unowned_since', '', 'progressed_at', now[1] * 1000 + math.floor(now[2] / 1000))
+local already_started = redis.call('HGET', KEYS[1], 'started') == '1'
 local published = 0
-if redis.call('HGET', KEYS[1], 'started') == '1' or (tonumber(redis.call('HGET', KEYS[1], 'generated')) or 0) > 0 then
+if already_started or (tonumber(redis.call('HGET', KEYS[1], 'generated')) or 0) > 0 then
   published = 1
 end
-return {'claimed', epoch, redis.call('HGET', KEYS[1], 'job'), published, redis.call('EXISTS', KEYS[2])}
+local cancelled = redis.call('EXISTS', KEYS[2])
+local started = 0
+local prompt_tokens = redis.call('HGET', KEYS[1], 'prompt_tokens')
+if ARGV[2] == '1' and not already_started and cancelled == 0 and prompt_tokens then
+  -- The fields of wire.encode_entry(StartEntry(prompt_tokens)), in its order.
+  redis.call('XADD', KEYS[3], '*', 'type', 'start', 'prompt_tokens', prompt_tokens)
+  redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
+  redis.call('HSET', KEYS[1], 'started', '1')
+  started = 1
+end
+return {'claimed', epoch, redis.call('HGET', KEYS[1], 'job'), published, cancelled, started}
 """
 
 PUBLISH_LUA: Final = """
@@ -202,6 +215,8 @@ class Claim:
     """Claimed: an earlier claim appended to the token stream, which the resumption must read."""
     cancelled: bool = False
     """Claimed: the response's cancel flag was set when it was claimed."""
+    started: bool = False
+    """Claimed: this claim appended the start entry (it was asked to, and the job had none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,24 +363,32 @@ class Generations:
 
     # --- GPU worker ----------------------------------------------------------------------------
 
-    def claim(self, response_id: str, worker_id: str) -> Claim:
-        """Take the job for ``worker_id`` if nobody owns it and it has not ended."""
-        outcome, epoch, job_json, published, cancelled = self._claim(
-            keys=[keys.generation(response_id), keys.cancel(response_id)], args=[worker_id]
+    def claim(self, response_id: str, worker_id: str, publish_start: bool = False) -> Claim:
+        """Take the job for ``worker_id`` if nobody owns it and it has not ended.
+
+        ``publish_start``: the claimer has room in its engine now, so the claim also appends the
+        start entry of a job never started (:attr:`Claim.started`): the post-processor opens the
+        response while the engine computes its first token, instead of after it.
+        """
+        outcome, epoch, job_json, published, cancelled, started = self._claim(
+            keys=[keys.generation(response_id), keys.cancel(response_id), keys.tokens(response_id)],
+            args=[worker_id, "1" if publish_start else "0", self._ttl_s],
         )
         name = outcome.decode()
         if name != "claimed":
             return Claim(name)
         fence = Fence(worker_id, int(epoch))
-        published, cancelled = bool(published), bool(cancelled)
+        published, cancelled, started = bool(published), bool(cancelled), bool(started)
         try:
             job = GenerationJob.model_validate_json(job_json)
         except ValidationError as unreadable:
             # A job of a newer release that uses a field this worker lacks (a rolling upgrade):
             # the claim is held, so the caller ends it at once instead of leaving it to the watchdog.
             error = str(unreadable).splitlines()[0]
-            return Claim("unreadable", fence, None, error, published=published, cancelled=cancelled)
-        return Claim("claimed", fence, job, published=published, cancelled=cancelled)
+            return Claim(
+                "unreadable", fence, None, error, published=published, cancelled=cancelled, started=started
+            )
+        return Claim("claimed", fence, job, published=published, cancelled=cancelled, started=started)
 
     def progress(self, response_id: str) -> Progress:
         """What the job's token stream holds (read after a claim: nobody else appends then)."""

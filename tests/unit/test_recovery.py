@@ -133,6 +133,36 @@ def test_a_claim_says_whether_an_earlier_claim_published_and_whether_the_respons
     assert gens.progress_after(RESPONSE, second) == Progress(started=True, token_ids=[], finished=False)
 
 
+def test_a_claim_with_room_in_the_engine_publishes_the_start_entry_once_and_never_for_a_cancelled_job(
+    r: redis.Redis,
+) -> None:
+    gens = Generations(r, TTL_S)
+    stage(r, job(prompt=[4, 5, 6, 7]))
+    first = gens.claim(RESPONSE, "gpu-1", publish_start=True)
+    assert first.fence is not None and first.started and not first.published
+    assert stream_entries(r) == [StartEntry(4)]  # the prompt's length, as the publisher's start entry
+    assert r.ttl(keys.tokens(RESPONSE)) > 0
+    # The publisher's own start entry for this claim is then a duplicate, and tokens follow it.
+    assert publish(gens, r, first.fence, StartEntry(4), 0) == ALREADY_APPENDED
+    assert publish(gens, r, first.fence, TokensEntry([9]), 0) == APPENDED
+    # A later claim of a started job appends no second start, and must read what was published.
+    assert gens.release_lost(RESPONSE, first.fence, int(time.time() * 1000)) == 1
+    second = gens.claim(RESPONSE, "gpu-2", publish_start=True)
+    assert second.fence is not None and not second.started and second.published
+    assert stream_entries(r) == [StartEntry(4), TokensEntry([9])]
+
+    # Without room in the engine (the default) nothing is appended; a cancelled job gets no start.
+    stage(r, job(OTHER))
+    waiting = gens.claim(OTHER, "gpu-1")
+    assert waiting.fence is not None and not waiting.started
+    assert stream_entries(r, OTHER) == []
+    assert gens.hand_back(OTHER, waiting.fence, int(time.time() * 1000))
+    r.set(keys.cancel(OTHER), "1")
+    cancelled = gens.claim(OTHER, "gpu-1", publish_start=True)
+    assert cancelled.cancelled and not cancelled.started
+    assert stream_entries(r, OTHER) == [] and field(r, "started", OTHER) == "0"
+
+
 def test_a_handed_back_job_is_claimable_and_counts_no_loss(r: redis.Redis) -> None:
     gens = Generations(r, TTL_S)
     stage(r, job())
