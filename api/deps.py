@@ -11,19 +11,23 @@ from api.caller import ANONYMOUS, Caller
 from api.gate import caller_of
 from api.state import AppState
 
+# Both are ``async``: FastAPI runs a plain ``def`` dependency on its thread pool, a thread hop
+# (two per request) for what is an attribute read.
 
-def get_state(request: Request) -> AppState:
+
+async def get_state(request: Request) -> AppState:
     """The process's :class:`AppState`."""
     state: AppState = request.app.state.resq
     return state
 
 
-def get_caller(request: Request) -> Caller:
+async def get_caller(request: Request) -> Caller:
     """The identity of the request's sender: what :class:`api.gate.Gate` proved, anonymous on an open API."""
     caller = caller_of(request.scope)
     if caller is not None:
         return caller
-    if get_state(request).keyring.open:
+    state: AppState = request.app.state.resq
+    if state.keyring.open:
         return ANONYMOUS
     # A route the gate does not guard asked who is calling: fail closed.
     raise missing_api_key()

@@ -359,17 +359,51 @@ class PromptPlan:
         caller: Caller,
         counting: bool = False,
     ) -> FittedPrompt:
-        """:func:`fit_prompt` on the prompt threads: rendering and tokenizing take seconds for a few MB."""
-        return await state.off_loop(
-            fit_prompt,
-            self.tokenizer,
-            state.sealer,
-            self.prompt_request(request, items, caller.owner, counting),
-        )
+        """:func:`fit_prompt`, on the prompt threads unless the prompt is small (:func:`renders_inline`):
+        rendering and tokenizing take seconds for a few MB, and a tenth of a millisecond for a chat turn."""
+        prompt = self.prompt_request(request, items, caller.owner, counting)
+        if renders_inline(prompt):
+            return fit_prompt(self.tokenizer, state.sealer, prompt)
+        return await state.off_loop(fit_prompt, self.tokenizer, state.sealer, prompt)
 
     def total(self, fitted: FittedPrompt) -> int:
         """The tokens the engine is given: the rendered prompt and the forced prefix."""
         return len(fitted.token_ids) + len(self.forced_ids)
+
+
+INLINE_PROMPT_CHARS = 2048
+"""Prompts with at most this much text (items, instructions, tools) render on the event loop.
+
+A hop to the prompt threads and back costs about as much CPU as rendering and tokenizing a
+small prompt (~0.2 ms each on the development machine, ``docs/benchmarks.md``, B2), and adds a
+thread wake-up to the request's latency; past a few kB the render's own time would stall the
+loop's other requests for longer than the hop costs."""
+
+
+def renders_inline(prompt: PromptRequest) -> bool:
+    """Whether ``prompt`` is small enough to render on the event loop (:data:`INLINE_PROMPT_CHARS`)."""
+    budget = INLINE_PROMPT_CHARS - len(prompt.instructions or "")
+    budget = _text_left(prompt.items, budget)
+    if prompt.plan.template_tools:
+        budget = _text_left(prompt.plan.template_tools, budget)
+    return budget >= 0
+
+
+def _text_left(value: Any, budget: int) -> int:
+    """``budget`` less the length of every string in ``value`` (keys included); stops once negative."""
+    if isinstance(value, str):
+        return budget - len(value)
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            budget = _text_left(inner, budget - len(key))
+            if budget < 0:
+                return budget
+    elif isinstance(value, list | tuple):
+        for inner in value:
+            budget = _text_left(inner, budget)
+            if budget < 0:
+                return budget
+    return budget
 
 
 def plan_prompt(settings: Settings, request: CreateResponseRequest, tokenizer: TextTokenizer) -> PromptPlan:

@@ -265,8 +265,13 @@ async def accept(
     items = await gather_items(state, request, caller, response_id, local_history)
     prompt = plan_prompt(settings, request, tokenizer)
     plan, forced_ids = prompt.plan, prompt.forced_ids
-    # Compiling a grammar can take a while for a large schema: never on the event loop.
-    grammar = await asyncio.to_thread(request_grammar, request, plan, tokenizer)
+    # Compiling a grammar can take a while for a large schema: never on the event loop. (Without
+    # constraints there is nothing to compile, and no thread hop either.)
+    grammar = (
+        await asyncio.to_thread(request_grammar, request, plan, tokenizer)
+        if plan.answer_shape is not None
+        else None
+    )
     leading_output: list[dict[str, Any]] = []
     fitted: FittedPrompt | None = None
     if request.context_management:
