@@ -34,7 +34,17 @@ def make_celery(settings: Settings) -> Celery:
         worker_hijack_root_logger=False,
         worker_redirect_stdouts=False,
         broker_connection_retry_on_startup=True,
-        broker_transport_options={"socket_keepalive": True, "health_check_interval": 30},
+        broker_transport_options={
+            "socket_keepalive": True,
+            "health_check_interval": 30,
+            # kombu's ack emulation copies every delivered message into an `unacked` hash and
+            # index (a MULTI on delivery, another on ack) to redeliver it after an hour if its
+            # worker dies: two round trips per message that resq's own recovery makes
+            # redundant (the reaper sends a lost generation message again after
+            # RESQ_DISPATCH_TIMEOUT_S, and a post-processor's unclaimed lease lapses to another).
+            # Off, a worker that stops cleanly still puts back the messages it held.
+            "ack_emulation": False,
+        },
         # Task events feed Flower; they cost a Redis publish per task state, so they are opt-in.
         worker_send_task_events=settings.celery_events,
         task_send_sent_event=settings.celery_events,
