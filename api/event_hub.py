@@ -40,36 +40,64 @@ from resq.redis_types import StreamEntry, StreamId, format_id, multi_stream_entr
 log = logging.getLogger(__name__)
 
 READ_BLOCK_MS = 1000
+IDLE_S = 1.0
+"""How often the waiting followers are swept: one that waited through a whole sweep gets an
+empty batch (a relay then checks whether its log can still grow)."""
 READ_COUNT = 512
 WAKEUP_TTL_S = 60
 RETRY_PAUSE_S = 0.2
 
 
 class Follower:
-    """One reader of one event log: entries after its position, in order, each once."""
+    """One reader of one event log: entries after its position, in order, each once.
 
-    __slots__ = ("_entries", "_ready", "position")
+    A follower waits on a bare future rather than an ``asyncio.timeout`` around an event: a
+    timer armed and cancelled on every wait was a tenth of the relay's per-frame CPU. The
+    hub's idle sweep (:meth:`EventHub._sweep`) wakes, every ``idle_s``, each follower that
+    waited through a whole sweep interval, with nothing.
+    """
+
+    __slots__ = ("_entries", "_idle", "_waiter", "position")
 
     def __init__(self, position: StreamId) -> None:
         self.position = position
         self._entries: list[StreamEntry] = []
-        self._ready = asyncio.Event()
+        self._waiter: asyncio.Future[None] | None = None
+        self._idle = False
+        """Waiting since before the last sweep (the next sweep wakes it)."""
 
     def deliver(self, entries: list[StreamEntry]) -> None:
         """Take the entries past this follower's position (others were seen already)."""
         fresh, self.position = entries_past(self.position, entries)
-        self._entries += fresh
-        if self._entries:
-            self._ready.set()
+        if fresh:
+            self._entries += fresh
+            self._wake()
 
-    async def next_batch(self, timeout_s: float) -> list[StreamEntry]:
-        """Everything delivered since the last call; waits up to ``timeout_s`` (then empty)."""
-        if not self._entries:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout_s):
-                    await self._ready.wait()
+    def sweep(self) -> None:
+        """The hub's idle sweep: wake this follower if it waited since the sweep before."""
+        if self._waiter is None:
+            return
+        if self._idle:
+            self._wake()
+        else:
+            self._idle = True
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def next_batch(self, wait: bool = True) -> list[StreamEntry]:
+        """Everything delivered since the last call; when there is nothing yet and ``wait``, waits
+        for entries or for the hub's idle sweep (between one and two sweep intervals; then empty)."""
+        if not self._entries and wait:
+            self._waiter = asyncio.get_running_loop().create_future()
+            self._idle = False
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
         batch, self._entries = self._entries, []
-        self._ready.clear()
         return batch
 
 
@@ -79,8 +107,13 @@ _HUBS: weakref.WeakKeyDictionary[Redis, EventHub] = weakref.WeakKeyDictionary()
 class EventHub:
     """The event logs one API process follows, read with one blocking ``XREAD``."""
 
-    def __init__(self, redis: Redis, block_ms: int = READ_BLOCK_MS, count: int = READ_COUNT) -> None:
+    def __init__(
+        self, redis: Redis, block_ms: int = READ_BLOCK_MS, count: int = READ_COUNT, idle_s: float = IDLE_S
+    ) -> None:
+        """``idle_s``: how often waiting followers are swept (:meth:`Follower.next_batch`)."""
         self._redis = redis
+        self._idle_s = idle_s
+        self._sweeper: asyncio.Task[None] | None = None
         self._block_ms = block_ms
         self._count = count
         self._streams: FollowedStreams[Follower] = FollowedStreams(keys.api_wakeup(uuid.uuid4().hex))
@@ -108,6 +141,11 @@ class EventHub:
 
     async def close(self) -> None:
         """Stop reading."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -142,8 +180,17 @@ class EventHub:
 
     def _start(self) -> None:
         self._changed.set()
+        loop = asyncio.get_running_loop()
         if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="event-hub")
+            self._task = loop.create_task(self._run(), name="event-hub")
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = loop.create_task(self._sweep(), name="event-hub-sweep")
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(self._idle_s)
+            for follower in self._streams.readers():
+                follower.sweep()
 
     async def _wake(self) -> None:
         if self._woken or not self._reading:

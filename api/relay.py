@@ -22,8 +22,6 @@ from resq import keys, records
 from resq.events import types
 from resq.redis_types import optional_bytes, range_entries
 
-IDLE_CHECK_S = 1.0
-"""How often a follower with no new event checks whether its log can still grow."""
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 SSE_SEPARATOR = "\n"
 
@@ -83,10 +81,10 @@ async def follow_event_batches(
     read_up_to: bytes | str = after
     async with EventHub.of(redis).follow(keys.events(response_id), after) as follower:
         # The first look does not wait: a log that already ended is answered at once.
-        wait_s = 0.0
+        wait = False
         while True:
-            entries = await follower.next_batch(wait_s)
-            wait_s = IDLE_CHECK_S
+            entries = await follower.next_batch(wait)
+            wait = True
             if not entries:
                 if await _log_ended(redis, response_id, read_up_to):
                     return

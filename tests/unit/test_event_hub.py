@@ -23,19 +23,54 @@ def test_a_follower_takes_each_entry_once_and_in_order() -> None:
         follower = Follower(parse_id("0-1"))
         follower.deliver([(b"0-1", {}), (b"0-2", {b"n": b"2"})])
         follower.deliver([(b"0-2", {b"n": b"2"}), (b"0-3", {b"n": b"3"})])
-        batch = await follower.next_batch(0.01)
+        batch = await follower.next_batch()
         assert [entry_id for entry_id, _ in batch] == [b"0-2", b"0-3"]
-        assert await follower.next_batch(0.01) == []
+        assert await follower.next_batch(wait=False) == []
+
+    asyncio.run(scenario())
+
+
+def test_a_waiting_follower_wakes_on_entries_or_after_a_whole_sweep_interval_never_with_a_timer() -> None:
+    async def scenario() -> None:
+        follower = Follower(parse_id("0-0"))
+        waiting = asyncio.create_task(follower.next_batch())
+        await asyncio.sleep(0)
+        assert asyncio.get_running_loop()._scheduled == []  # type: ignore[attr-defined]  # no timer armed
+        # The first sweep only marks it: it may have started waiting just before.
+        follower.sweep()
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        follower.deliver([(b"0-1", {b"n": b"1"})])
+        assert [entry_id for entry_id, _ in await waiting] == [b"0-1"]
+        # Entries reset the mark: a fresh wait outlives one sweep, and the second wakes it, empty.
+        waiting = asyncio.create_task(follower.next_batch())
+        await asyncio.sleep(0)
+        follower.sweep()
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        follower.sweep()
+        assert await asyncio.wait_for(waiting, 1) == []
+        # A sweep while nobody waits marks nothing; a cancelled wait leaves nothing behind.
+        follower.sweep()
+        waiting = asyncio.create_task(follower.next_batch())
+        await asyncio.sleep(0)
+        follower.sweep()
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        follower.deliver([(b"0-2", {})])
+        assert [entry_id for entry_id, _ in await follower.next_batch(wait=False)] == [b"0-2"]
 
     asyncio.run(scenario())
 
 
 async def _read_until(follower: Follower, last: bytes) -> list[bytes]:
     seen: list[bytes] = []
-    while not seen or seen[-1] != last:
-        batch = await follower.next_batch(5.0)
-        assert batch, "the hub delivered nothing for 5 s"
-        seen += [entry_id for entry_id, _ in batch]
+    async with asyncio.timeout(5):  # the hub delivered everything within 5 s
+        while not seen or seen[-1] != last:
+            seen += [entry_id for entry_id, _ in await follower.next_batch()]
     return seen
 
 
@@ -67,6 +102,31 @@ def test_followers_of_many_logs_and_late_joiners_see_every_entry(redis_url: str)
         finally:
             await hub.close()
             await redis.delete(*logs)
+            await redis.aclose()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.timeout(30)
+def test_the_hub_sweeps_an_idle_follower_awake_with_an_empty_batch(redis_url: str) -> None:
+    async def scenario() -> None:
+        redis = Redis.from_url(redis_url)
+        hub = EventHub(redis, block_ms=200, idle_s=0.05)
+        key = "test:hub:idle"
+        await redis.delete(key)
+        try:
+            async with hub.follow(key, "0-0") as follower:
+                started = asyncio.get_running_loop().time()
+                assert await asyncio.wait_for(follower.next_batch(), 2) == []
+                # Woken by the second sweep after it began to wait: between one and two intervals.
+                assert 0.05 <= asyncio.get_running_loop().time() - started < 1
+                await redis.xadd(key, {"n": 1}, id="0-1")
+                assert [entry_id for entry_id, _ in await asyncio.wait_for(follower.next_batch(), 2)] == [
+                    b"0-1"
+                ]
+        finally:
+            await hub.close()
+            await redis.delete(key)
             await redis.aclose()
 
     asyncio.run(scenario())
