@@ -54,6 +54,7 @@ from resq.recovery.generations import (
     Fence,
     Generations,
     Resumption,
+    cancel_checked,
 )
 from resq.wire import FinishEntry, FinishReason, StartEntry, TokensEntry
 
@@ -269,6 +270,9 @@ class TokenPublisher:
         # (response id, tokens it adds; _FINISH for a finish entry, _START for a start entry)
         appends: list[tuple[str, int]] = []
         finishing: dict[str, FinishEntry] = {}
+        # A round's check of a request that appends tokens in it rides on that append (its fence
+        # is the claim check, and the script reports the cancel flag): no commands of its own.
+        checked_by_append: set[str] = set()
         for response_id, state in active.items():
             if state.start_pending:  # queued first: it must precede the request's tokens
                 start = StartEntry(state.prompt_tokens)
@@ -291,14 +295,23 @@ class TokenPublisher:
                 if tracked.logprobs and len(output.logprobs) == len(output.generated_tokens):
                     logprobs = list(output.logprobs[tracked.published :])
                 chunk = TokensEntry(new_tokens, logprobs, start=tracked.total)
-                self._generations.publish(pipe, response_id, tracked.fence, chunk, tracked.total)
+                check = round_due and not output.is_finished()
+                self._generations.publish(
+                    pipe, response_id, tracked.fence, chunk, tracked.total, check_cancel=check
+                )
                 appends.append((response_id, len(new_tokens)))
+                if check:
+                    checked_by_append.add(response_id)
             if output.is_finished():
                 finish = self._finish_entry(output, tracked)
                 self._generations.publish(pipe, response_id, tracked.fence, finish, finish.output_tokens)
                 appends.append((response_id, _FINISH))
                 finishing[response_id] = finish
-        checked = [response_id for response_id in active if response_id not in finishing] if round_due else []
+        checked = (
+            [rid for rid in active if rid not in finishing and rid not in checked_by_append]
+            if round_due
+            else []
+        )
         if not appends and not checked:
             self._pending, self._held_until = held, held_until
             return
@@ -317,8 +330,14 @@ class TokenPublisher:
         ended: list[str] = []
         lost: set[str] = set()
         diverged: set[str] = set()
+        flagged: list[str] = []
         published = 0
-        for (response_id, count), result in zip(appends, results, strict=False):
+        for (response_id, count), reply in zip(appends, results, strict=False):
+            result = reply
+            if count >= 0 and response_id in checked_by_append:
+                result, flag = cancel_checked(reply)
+                if flag:
+                    flagged.append(response_id)
             if result == OUT_OF_ORDER:
                 diverged.add(response_id)
             elif result not in (APPENDED, ALREADY_APPENDED):
@@ -362,8 +381,8 @@ class TokenPublisher:
             self._abandon({response_id: active[response_id] for response_id in sorted(released)})
         cancelled = [
             rid
-            for rid, flag in zip(checked, flags, strict=True)
-            if flag and rid not in lost and rid not in ended and rid not in released
+            for rid in [*flagged, *(rid for rid, flag in zip(checked, flags, strict=True) if flag)]
+            if rid not in lost and rid not in ended and rid not in released
         ]
         if cancelled:
             self._cancel(cancelled)

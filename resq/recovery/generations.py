@@ -30,7 +30,7 @@ to well within ``RESQ_WORKER_TTL_S``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from pydantic import ValidationError
 from redis import Redis
@@ -90,54 +90,59 @@ return {'claimed', epoch, redis.call('HGET', KEYS[1], 'job'), published, cancell
 """
 
 PUBLISH_LUA: Final = """
--- KEYS: generation, tokens; ARGV: owner, epoch, TTL, kind, at, count, field/value pairs.
--- Appends only for the current claim, and exactly once: a retried append (its reply was
--- lost) finds its tokens already counted. Returns 1 appended, 2 already appended,
--- 0 fenced off (the claim is no longer (owner, epoch), or the job ended), -1 out of order.
-if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] or redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[2] then
-  return 0
+-- KEYS: generation, tokens[, cancel flag]; ARGV: owner, epoch, TTL, kind, at, count, field/value
+-- pairs. Appends only for the current claim, and exactly once: a retried append (its reply was
+-- lost) finds its tokens already counted. Returns 1 appended, 2 already appended, 0 fenced off
+-- (the claim is no longer (owner, epoch), or the job ended), -1 out of order; given the cancel
+-- flag's key, {that, 1 when the flag is set}: the publisher's per-round cancel check rides on
+-- the append instead of costing a command of its own.
+local function reply(code)
+  if KEYS[3] then
+    return {code, redis.call('EXISTS', KEYS[3])}
+  end
+  return code
+end
+local job = redis.call('HMGET', KEYS[1], 'owner', 'epoch', 'state', 'generated', 'started')
+if job[1] ~= ARGV[1] or job[2] ~= ARGV[2] then
+  return reply(0)
 end
 local kind = ARGV[4]
-local state = redis.call('HGET', KEYS[1], 'state')
-if state ~= 'pending' then
-  if state == 'finished' and kind == 'finish' then
-    return 2
+if job[3] ~= 'pending' then
+  if job[3] == 'finished' and kind == 'finish' then
+    return reply(2)
   end
-  return 0
+  return reply(0)
 end
+local generated = tonumber(job[4]) or 0
+local now = redis.call('TIME')
+local progressed_at = now[1] * 1000 + math.floor(now[2] / 1000)
 if kind == 'tokens' then
-  local generated = tonumber(redis.call('HGET', KEYS[1], 'generated')) or 0
   local at = tonumber(ARGV[5])
   local count = tonumber(ARGV[6])
   if generated ~= at then
     if generated >= at + count then
-      return 2
+      return reply(2)
     end
-    return -1
+    return reply(-1)
   end
-  redis.call('HSET', KEYS[1], 'generated', at + count)
+  redis.call('HSET', KEYS[1], 'generated', at + count, 'progressed_at', progressed_at)
 elseif kind == 'start' then
-  if redis.call('HGET', KEYS[1], 'started') == '1' then
-    return 2
+  if job[5] == '1' then
+    return reply(2)
   end
-  redis.call('HSET', KEYS[1], 'started', '1')
+  redis.call('HSET', KEYS[1], 'started', '1', 'progressed_at', progressed_at)
 elseif kind == 'finish' then
   -- A finish counts the tokens before it: after an out-of-order tokens append it must not land.
-  local generated = tonumber(redis.call('HGET', KEYS[1], 'generated')) or 0
   if generated < tonumber(ARGV[5]) then
-    return -1
+    return reply(-1)
   end
+  redis.call('HSET', KEYS[1], 'state', 'finished', 'progressed_at', progressed_at)
 end
 redis.call('XADD', KEYS[2], '*', unpack(ARGV, 7))
-local now = redis.call('TIME')
-redis.call('HSET', KEYS[1], 'progressed_at', now[1] * 1000 + math.floor(now[2] / 1000))
 local ttl = tonumber(ARGV[3])
 redis.call('EXPIRE', KEYS[2], ttl)
 redis.call('EXPIRE', KEYS[1], ttl)
-if kind == 'finish' then
-  redis.call('HSET', KEYS[1], 'state', 'finished')
-end
-return 1
+return reply(1)
 """
 
 UNCLAIM_LUA: Final = """
@@ -402,18 +407,27 @@ class Generations:
         return self.progress(response_id)
 
     def publish(
-        self, pipe: Pipeline, response_id: str, fence: Fence, entry: TokenStreamEntry, at: int
+        self,
+        pipe: Pipeline,
+        response_id: str,
+        fence: Fence,
+        entry: TokenStreamEntry,
+        at: int,
+        check_cancel: bool = False,
     ) -> None:
         """Queue a fenced, exactly-once append on ``pipe`` (see :data:`PUBLISH_LUA` for its reply).
 
-        ``at`` is the number of tokens of the response generated before ``entry``.
+        ``at`` is the number of tokens of the response generated before ``entry``. With
+        ``check_cancel`` the reply is ``[that, 1 when the response's cancel flag is set]``
+        (:func:`cancel_checked`).
         """
         if isinstance(entry, TokensEntry):
             kind, count = "tokens", len(entry.token_ids)
         else:
             kind, count = ("start" if isinstance(entry, StartEntry) else "finish"), 0
+        streams = [keys.generation(response_id), keys.tokens(response_id)]
         self._publish(
-            keys=[keys.generation(response_id), keys.tokens(response_id)],
+            keys=[*streams, keys.cancel(response_id)] if check_cancel else streams,
             args=[
                 fence.owner,
                 fence.epoch,
@@ -459,6 +473,13 @@ class Generations:
     def forget(self, response_id: str) -> None:
         """Take an ended (or vanished) job off the reaper's list."""
         self._redis.zrem(keys.GENERATIONS, response_id)
+
+
+def cancel_checked(reply: Any) -> tuple[int, bool]:
+    """A ``check_cancel`` publish's reply (:meth:`Generations.publish`): its outcome, and whether
+    the response's cancel flag is set."""
+    outcome, cancelled = reply
+    return int(outcome), bool(cancelled)
 
 
 @dataclass(frozen=True, slots=True)

@@ -250,6 +250,62 @@ def test_a_claim_released_while_its_copy_is_silent_is_stopped_at_the_next_step(r
     assert engine.cancelled == [request_id] and engine.released == 1 and publisher.active_count == 0
 
 
+class RecordingPipeline(redis.client.Pipeline):
+    """A pipeline that notes the name of every command queued on it (in ``commands``)."""
+
+    commands: list[str]
+
+    def pipeline_execute_command(self, *args: Any, **options: Any) -> Any:
+        self.commands.append(str(args[0]).upper())
+        return super().pipeline_execute_command(*args, **options)
+
+
+def test_a_rounds_cancel_check_rides_on_the_append_of_a_request_with_new_tokens(r: redis.Redis) -> None:
+    """No EXISTS nor HMGET for a request that appends tokens in the round: the append's fence is
+    the claim check, and its script reports the cancel flag."""
+    commands: list[str] = []
+
+    def recording_pipeline(transaction: bool = True, shard_hint: Any = None) -> redis.client.Pipeline:
+        pipe = RecordingPipeline(r.connection_pool, r.response_callbacks, transaction, shard_hint)
+        pipe.commands = commands
+        return pipe
+
+    spied = redis.Redis(connection_pool=r.connection_pool)
+    spied.pipeline = recording_pipeline  # type: ignore[method-assign]
+    engine, _, publisher, job, _, request_id = admitted(spied)
+    engine.outputs.append(decoding_request(request_id, [11]))
+    publisher.step(0)
+    assert engine.cancelled == []
+    r.set(keys.cancel(job.response_id), "1", ex=60)
+    commands.clear()
+    engine.outputs.append(decoding_request(request_id, [11, 12]))
+    publisher.step(0)
+    assert engine.cancelled == [request_id]
+    assert "EXISTS" not in commands and "HMGET" not in commands
+    entries = stream(r, job.response_id)
+    assert entries[-2:] == [TokensEntry([12], start=1), FinishEntry("cancelled", 3, 2)]
+    r.delete(keys.cancel(job.response_id))
+
+
+def test_a_checked_publish_reports_the_cancel_flag_with_every_outcome(r: redis.Redis) -> None:
+    gens = Generations(r, TTL_S)
+    job = staged_job(r)
+    fence, _ = claim_and_plan(gens, job)
+
+    def publish(entry: TokenStreamEntry, at: int) -> tuple[int, bool]:
+        pipe = r.pipeline(transaction=False)
+        gens.publish(pipe, job.response_id, fence, entry, at, check_cancel=True)
+        return generations.cancel_checked(pipelines.execute(r, pipe)[0])
+
+    assert publish(TokensEntry([11], start=0), 0) == (generations.APPENDED, False)
+    r.set(keys.cancel(job.response_id), "1", ex=60)
+    assert publish(TokensEntry([11], start=0), 0) == (generations.ALREADY_APPENDED, True)
+    assert publish(TokensEntry([13], start=2), 2) == (generations.OUT_OF_ORDER, True)
+    assert gens.release_lost(job.response_id, fence, int(time.time() * 1000)) is not None
+    assert publish(TokensEntry([12], start=1), 1) == (generations.FENCED_OFF, True)
+    r.delete(keys.cancel(job.response_id))
+
+
 def interval_publisher(r: redis.Redis, interval_s: float) -> tuple[FakeEngine, TokenPublisher, GenerationJob]:
     """A publisher with a stream interval, its one request admitted (and its start entry out)."""
     engine = FakeEngine()
@@ -265,6 +321,10 @@ def interval_publisher(r: redis.Redis, interval_s: float) -> tuple[FakeEngine, T
 
 def decoding(job: GenerationJob, tokens: list[int]) -> GenerationOutput:
     return GenerationOutput(job.response_id, generated_tokens=tokens, status=RequestStatus.DECODING)
+
+
+def decoding_request(request_id: str, tokens: list[int]) -> GenerationOutput:
+    return GenerationOutput(request_id, generated_tokens=tokens, status=RequestStatus.DECODING)
 
 
 def finished(job: GenerationJob, tokens: list[int]) -> GenerationOutput:
