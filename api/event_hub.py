@@ -24,8 +24,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 import weakref
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
@@ -41,30 +43,68 @@ log = logging.getLogger(__name__)
 
 READ_BLOCK_MS = 1000
 IDLE_S = 1.0
-"""How often the waiting followers are swept: one that waited through a whole sweep gets an
-empty batch (a relay then checks whether its log can still grow)."""
+"""How long a follower waits without entries before it gets an empty batch (a relay then
+checks whether its log can still grow)."""
+IDLE_CHECKS_PER_S = 500
+"""At most about this many idle wake-ups a second per API process: with more waiting followers
+than ``IDLE_S`` allows, each waits longer (4,000 held streams: 8 s). Each idle wake-up costs
+a Redis round trip; at one a second each, thousands of held streams would take the whole
+event loop and the connection pool from the requests arriving."""
+IDLE_TICK_S = 0.1
+"""How often the hub wakes the followers whose idle wait ran out (their resolution)."""
 READ_COUNT = 512
 WAKEUP_TTL_S = 60
 RETRY_PAUSE_S = 0.2
+
+
+class IdleWakeups:
+    """The followers' idle deadlines, woken by the hub's ticker instead of a timer per wait.
+
+    Every wait lasts as long, so the deadlines come in the order the waits began: a FIFO, with
+    one append per wait and one pop per deadline. A wait that ended with entries leaves its
+    deadline behind, and popping it finds the follower's next wait (or none) and does nothing.
+    Wake-ups stay spread as the waits began: all idle followers woken at once (thousands of
+    held streams) would all check their logs in the same instant and empty the API's pool. With
+    many followers waiting, each waits longer (:data:`IDLE_CHECKS_PER_S`): a deadline set later
+    than the ones before it only delays those behind it a little, which the order tolerates.
+    """
+
+    def __init__(self, idle_s: float = IDLE_S) -> None:
+        self.idle_s = idle_s
+        self._deadlines: deque[tuple[float, Follower, int]] = deque()
+
+    def note(self, follower: Follower, wait: int) -> None:
+        """``follower``'s wait number ``wait`` began now."""
+        # The deadlines queued (waits going on, and some that ended) bound the waiting followers.
+        idle_s = max(self.idle_s, len(self._deadlines) / IDLE_CHECKS_PER_S)
+        self._deadlines.append((time.monotonic() + idle_s, follower, wait))
+
+    def wake_due(self, now: float) -> None:
+        """Wake, empty, every follower whose wait began ``idle_s`` before ``now`` and goes on."""
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            _, follower, wait = deadlines.popleft()
+            follower.wake_idle(wait)
 
 
 class Follower:
     """One reader of one event log: entries after its position, in order, each once.
 
     A follower waits on a bare future rather than an ``asyncio.timeout`` around an event: a
-    timer armed and cancelled on every wait was a tenth of the relay's per-frame CPU. The
-    hub's idle sweep (:meth:`EventHub._sweep`) wakes, every ``idle_s``, each follower that
-    waited through a whole sweep interval, with nothing.
+    timer armed and cancelled on every wait was a fifth of the relay's per-frame CPU. Its idle
+    wake-up comes from the hub's :class:`IdleWakeups`.
     """
 
-    __slots__ = ("_entries", "_idle", "_waiter", "position")
+    __slots__ = ("_entries", "_idle", "_wait", "_waiter", "position")
 
-    def __init__(self, position: StreamId) -> None:
+    def __init__(self, position: StreamId, idle: IdleWakeups | None = None) -> None:
+        """``idle``: what wakes a wait with no entries (None: only entries do)."""
         self.position = position
         self._entries: list[StreamEntry] = []
         self._waiter: asyncio.Future[None] | None = None
-        self._idle = False
-        """Waiting since before the last sweep (the next sweep wakes it)."""
+        self._idle = idle
+        self._wait = 0
+        """The number of the current (or last) wait: an idle deadline names the wait it is for."""
 
     def deliver(self, entries: list[StreamEntry]) -> None:
         """Take the entries past this follower's position (others were seen already)."""
@@ -73,14 +113,10 @@ class Follower:
             self._entries += fresh
             self._wake()
 
-    def sweep(self) -> None:
-        """The hub's idle sweep: wake this follower if it waited since the sweep before."""
-        if self._waiter is None:
-            return
-        if self._idle:
+    def wake_idle(self, wait: int) -> None:
+        """Wait number ``wait`` ran out of time: wake it, if it is still going on."""
+        if wait == self._wait:
             self._wake()
-        else:
-            self._idle = True
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -89,10 +125,12 @@ class Follower:
 
     async def next_batch(self, wait: bool = True) -> list[StreamEntry]:
         """Everything delivered since the last call; when there is nothing yet and ``wait``, waits
-        for entries or for the hub's idle sweep (between one and two sweep intervals; then empty)."""
+        for entries or for its idle deadline (then empty)."""
         if not self._entries and wait:
             self._waiter = asyncio.get_running_loop().create_future()
-            self._idle = False
+            self._wait += 1
+            if self._idle is not None:
+                self._idle.note(self, self._wait)
             try:
                 await self._waiter
             finally:
@@ -110,10 +148,10 @@ class EventHub:
     def __init__(
         self, redis: Redis, block_ms: int = READ_BLOCK_MS, count: int = READ_COUNT, idle_s: float = IDLE_S
     ) -> None:
-        """``idle_s``: how often waiting followers are swept (:meth:`Follower.next_batch`)."""
+        """``idle_s``: how long a follower waits without entries before it gets an empty batch."""
         self._redis = redis
-        self._idle_s = idle_s
-        self._sweeper: asyncio.Task[None] | None = None
+        self._idle = IdleWakeups(idle_s)
+        self._ticker: asyncio.Task[None] | None = None
         self._block_ms = block_ms
         self._count = count
         self._streams: FollowedStreams[Follower] = FollowedStreams(keys.api_wakeup(uuid.uuid4().hex))
@@ -141,11 +179,11 @@ class EventHub:
 
     async def close(self) -> None:
         """Stop reading."""
-        if self._sweeper is not None:
-            self._sweeper.cancel()
+        if self._ticker is not None:
+            self._ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
-            self._sweeper = None
+                await self._ticker
+            self._ticker = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -157,7 +195,7 @@ class EventHub:
     async def follow(self, key: str, after: bytes | str) -> AsyncIterator[Follower]:
         """A :class:`Follower` of stream ``key`` from just after entry id ``after``."""
         name = key.encode()
-        follower = Follower(parse_id(after))
+        follower = Follower(parse_id(after), self._idle)
         follower.deliver(range_entries(await self._redis.xrange(key, min=f"({format_id(follower.position)}")))
         # The hub may be ahead of what this follower read: fetch the gap before joining, so the
         # follower misses nothing the hub already handed to others. No await between the last
@@ -183,14 +221,13 @@ class EventHub:
         loop = asyncio.get_running_loop()
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._run(), name="event-hub")
-        if self._sweeper is None or self._sweeper.done():
-            self._sweeper = loop.create_task(self._sweep(), name="event-hub-sweep")
+        if self._ticker is None or self._ticker.done():
+            self._ticker = loop.create_task(self._tick(), name="event-hub-idle")
 
-    async def _sweep(self) -> None:
+    async def _tick(self) -> None:
         while True:
-            await asyncio.sleep(self._idle_s)
-            for follower in self._streams.readers():
-                follower.sweep()
+            await asyncio.sleep(IDLE_TICK_S)
+            self._idle.wake_due(time.monotonic())
 
     async def _wake(self) -> None:
         if self._woken or not self._reading:

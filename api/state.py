@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import ParamSpec, TypeVar
@@ -50,6 +51,71 @@ def _prompt_threads() -> int:
     return max(1, min(4, cores - 1))
 
 
+ACCEPT_CONCURRENCY = 64
+"""How many requests one API process accepts (prompt, admission, the recording step) at once.
+
+A burst of thousands of requests otherwise all run their accept at once: every step of each
+queues behind every other request's on the loop and the Redis pool, some waited past the
+pool's 30 s for a connection, and all their prompts, jobs and messages were alive together
+(B4's 4,000 streams, ``docs/benchmarks.md``: 2,400 held and 360 KB each). Waiting here, a
+request holds only its parsed body."""
+
+
+class AcceptSlots:
+    """At most ``size`` requests inside :func:`api.submission.accept` at once.
+
+    Re-entrant within a task (a compaction accepts its summary from inside an accept), and a
+    slot can be given back while its holder waits for something slow (that summary's end), so
+    that a few long waits never keep every other request out.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._semaphore = asyncio.Semaphore(size)
+        self._held: contextvars.ContextVar[_Slot | None] = contextvars.ContextVar(
+            "resq_accept_slot", default=None
+        )
+
+    @contextlib.asynccontextmanager
+    async def hold(self) -> AsyncIterator[None]:
+        """Hold a slot for the block (at once when this task holds one already)."""
+        held = self._held.get()
+        if held is not None and held.task is asyncio.current_task():
+            yield
+            return
+        slot = _Slot(asyncio.current_task())
+        await self._semaphore.acquire()
+        slot.held = True
+        token = self._held.set(slot)
+        try:
+            yield
+        finally:
+            self._held.reset(token)
+            if slot.held:
+                self._semaphore.release()
+
+    @contextlib.asynccontextmanager
+    async def given_up(self) -> AsyncIterator[None]:
+        """Give this task's slot back for the block, and take one again after it."""
+        slot = self._held.get()
+        if slot is None or slot.task is not asyncio.current_task() or not slot.held:
+            yield
+            return
+        slot.held = False
+        self._semaphore.release()
+        try:
+            yield
+        finally:
+            await self._semaphore.acquire()  # cancelled here: holds none, and gives none back
+            slot.held = True
+
+
+@dataclass
+class _Slot:
+    task: asyncio.Task[object] | None
+    """The task that took it (a task it starts copies the context, not the slot)."""
+    held: bool = False
+
+
 @dataclass
 class AppState:
     """Per-process state of the API, built at start-up and closed at shutdown."""
@@ -75,6 +141,8 @@ class AppState:
     prompt_pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=_prompt_threads(), thread_name_prefix="prompt")
     )
+    accept_slots: AcceptSlots = field(default_factory=lambda: AcceptSlots(ACCEPT_CONCURRENCY))
+    """Requests being accepted at once; the rest wait their turn."""
 
     @classmethod
     def build(cls, settings: Settings) -> AppState:

@@ -202,7 +202,8 @@ async def _compacted_if_over(
     budget = compaction.summary_budget(len(counted.token_ids), state.settings.compaction_max_output_tokens)
     summarising = compaction.summary_of(prompt.tokenizer.card.name, history, request.instructions, budget)
     summary = await accept(state, summarising, caller)
-    final_json = await wait_for_terminal(state.redis, summary.response_id)
+    async with state.accept_slots.given_up():  # the summary may take a while: let others in
+        final_json = await wait_for_terminal(state.redis, summary.response_id)
     await state.store.delete_keys(summary.response_id)
     if final_json is None:
         raise OpenAIError(500, "Compaction failed: the summary response vanished.", type="server_error")
@@ -245,8 +246,22 @@ async def accept(
 
     ``local_history``: earlier responses a WebSocket keeps in memory (``store: false`` ones can be
     continued there), by id. ``chat``: the request came as a chat completion (:mod:`api.chat`):
-    it speaks the ``chat`` protocol, and its log starts empty (chunks only).
+    it speaks the ``chat`` protocol, and its log starts empty (chunks only). A bounded number of
+    requests are accepted at once (:class:`api.state.AcceptSlots`); the others wait their turn
+    before any of their work starts.
     """
+    async with state.accept_slots.hold():
+        return await _accept(state, request, caller, local_history, chat)
+
+
+async def _accept(
+    state: AppState,
+    request: CreateResponseRequest,
+    caller: Caller,
+    local_history: dict[str, EarlierConversation] | None = None,
+    chat: ChatExtras | None = None,
+) -> Accepted:
+    """:func:`accept`, in an accept slot."""
     settings = state.settings
     background = bool(request.background)
     store = True if request.store is None else request.store

@@ -104,10 +104,6 @@ class FollowedStreams(Generic[R]):
         streams[self.wakeup_key] = self._wakeup_position
         return streams
 
-    def readers(self) -> list[R]:
-        """Every reader of every followed stream."""
-        return [reader for followed in self._followed.values() for reader in followed.readers]
-
     def names(self) -> frozenset[bytes]:
         """The streams followed now (what the next read covers, besides the wake-up stream)."""
         return frozenset(self._followed)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import pytest
 from redis.asyncio import Redis
 
-from api.event_hub import EventHub, Follower
+from api.event_hub import EventHub, Follower, IdleWakeups
 from resq.redis_types import format_id, parse_id
 
 
@@ -30,38 +31,55 @@ def test_a_follower_takes_each_entry_once_and_in_order() -> None:
     asyncio.run(scenario())
 
 
-def test_a_waiting_follower_wakes_on_entries_or_after_a_whole_sweep_interval_never_with_a_timer() -> None:
+def test_a_waiting_follower_wakes_on_entries_or_at_its_idle_deadline_never_with_a_timer() -> None:
     async def scenario() -> None:
-        follower = Follower(parse_id("0-0"))
+        idle = IdleWakeups(idle_s=10)
+        follower = Follower(parse_id("0-0"), idle)
         waiting = asyncio.create_task(follower.next_batch())
         await asyncio.sleep(0)
         assert asyncio.get_running_loop()._scheduled == []  # type: ignore[attr-defined]  # no timer armed
-        # The first sweep only marks it: it may have started waiting just before.
-        follower.sweep()
+        began = time.monotonic()
+        idle.wake_due(began + 5)  # not yet
         await asyncio.sleep(0)
         assert not waiting.done()
         follower.deliver([(b"0-1", {b"n": b"1"})])
         assert [entry_id for entry_id, _ in await waiting] == [b"0-1"]
-        # Entries reset the mark: a fresh wait outlives one sweep, and the second wakes it, empty.
+        # The next wait has a deadline of its own: the first wait's, passing, does not end it.
+        await asyncio.sleep(0.05)
         waiting = asyncio.create_task(follower.next_batch())
         await asyncio.sleep(0)
-        follower.sweep()
+        idle.wake_due(began + 10.01)
         await asyncio.sleep(0)
         assert not waiting.done()
-        follower.sweep()
+        idle.wake_due(time.monotonic() + 10.001)
         assert await asyncio.wait_for(waiting, 1) == []
-        # A sweep while nobody waits marks nothing; a cancelled wait leaves nothing behind.
-        follower.sweep()
+        # A cancelled wait leaves nothing behind: its deadline finds no wait, entries are kept.
         waiting = asyncio.create_task(follower.next_batch())
         await asyncio.sleep(0)
-        follower.sweep()
-        await asyncio.sleep(0)
-        assert not waiting.done()
         waiting.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await waiting
+        idle.wake_due(time.monotonic() + 20)
         follower.deliver([(b"0-2", {})])
         assert [entry_id for entry_id, _ in await follower.next_batch(wait=False)] == [b"0-2"]
+
+    asyncio.run(scenario())
+
+
+def test_idle_deadlines_come_due_in_the_order_the_waits_began_spread_out_not_all_at_once() -> None:
+    async def scenario() -> None:
+        idle = IdleWakeups(idle_s=0.2)
+        followers = [Follower(parse_id("0-0"), idle) for _ in range(3)]
+        waits = []
+        for follower in followers:
+            waits.append(asyncio.create_task(follower.next_batch()))
+            await asyncio.sleep(0.05)
+        first_due = time.monotonic() - 0.15 + 0.2
+        idle.wake_due(first_due + 0.01)  # only the first wait is due
+        await asyncio.sleep(0)
+        assert [wait.done() for wait in waits] == [True, False, False]
+        idle.wake_due(time.monotonic() + 0.2)
+        assert await asyncio.gather(*waits[1:]) == [[], []]
 
     asyncio.run(scenario())
 
@@ -108,7 +126,7 @@ def test_followers_of_many_logs_and_late_joiners_see_every_entry(redis_url: str)
 
 
 @pytest.mark.timeout(30)
-def test_the_hub_sweeps_an_idle_follower_awake_with_an_empty_batch(redis_url: str) -> None:
+def test_the_hub_wakes_an_idle_follower_with_an_empty_batch(redis_url: str) -> None:
     async def scenario() -> None:
         redis = Redis.from_url(redis_url)
         hub = EventHub(redis, block_ms=200, idle_s=0.05)
@@ -118,7 +136,7 @@ def test_the_hub_sweeps_an_idle_follower_awake_with_an_empty_batch(redis_url: st
             async with hub.follow(key, "0-0") as follower:
                 started = asyncio.get_running_loop().time()
                 assert await asyncio.wait_for(follower.next_batch(), 2) == []
-                # Woken by the second sweep after it began to wait: between one and two intervals.
+                # Woken at its idle deadline, within a tick of the hub's ticker.
                 assert 0.05 <= asyncio.get_running_loop().time() - started < 1
                 await redis.xadd(key, {"n": 1}, id="0-1")
                 assert [entry_id for entry_id, _ in await asyncio.wait_for(follower.next_batch(), 2)] == [
