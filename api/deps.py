@@ -26,8 +26,7 @@ async def get_caller(request: Request) -> Caller:
     caller = caller_of(request.scope)
     if caller is not None:
         return caller
-    state: AppState = request.app.state.resq
-    if state.keyring.open:
+    if (await get_state(request)).keyring.open:
         return ANONYMOUS
     # A route the gate does not guard asked who is calling: fail closed.
     raise missing_api_key()

@@ -57,7 +57,7 @@ ACCEPT_CONCURRENCY = 64
 A burst of thousands of requests otherwise all run their accept at once: every step of each
 queues behind every other request's on the loop and the Redis pool, some waited past the
 pool's 30 s for a connection, and all their prompts, jobs and messages were alive together
-(B4's 4,000 streams, ``docs/benchmarks.md``: 2,400 held and 360 KB each). Waiting here, a
+(B4's 4,000 streams, ``docs/benchmarks.md``: 2,353-2,720 held, at 360-450 KB each). Waiting here, a
 request holds only its parsed body."""
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from api import compaction
 from api.caller import Caller
@@ -44,6 +46,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TEMPERATURE = 1.0
 DEFAULT_TOP_P = 1.0
+P = ParamSpec("P")
+R = TypeVar("R")
 RETRY_AFTER_S = 1
 """``Retry-After`` of a 429 at capacity: slots free as generations end, typically within seconds."""
 
@@ -235,6 +239,20 @@ async def served_tokenizer(state: AppState, model: str) -> TextTokenizer:
     return tokenizer
 
 
+def _in_an_accept_slot(
+    accepting: Callable[Concatenate[AppState, P], Awaitable[R]],
+) -> Callable[Concatenate[AppState, P], Awaitable[R]]:
+    """``accepting`` run in one of its first argument's accept slots (:class:`api.state.AcceptSlots`)."""
+
+    @functools.wraps(accepting)
+    async def in_a_slot(state: AppState, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        async with state.accept_slots.hold():
+            return await accepting(state, *args, **kwargs)
+
+    return in_a_slot
+
+
+@_in_an_accept_slot
 async def accept(
     state: AppState,
     request: CreateResponseRequest,
@@ -250,18 +268,6 @@ async def accept(
     requests are accepted at once (:class:`api.state.AcceptSlots`); the others wait their turn
     before any of their work starts.
     """
-    async with state.accept_slots.hold():
-        return await _accept(state, request, caller, local_history, chat)
-
-
-async def _accept(
-    state: AppState,
-    request: CreateResponseRequest,
-    caller: Caller,
-    local_history: dict[str, EarlierConversation] | None = None,
-    chat: ChatExtras | None = None,
-) -> Accepted:
-    """:func:`accept`, in an accept slot."""
     settings = state.settings
     background = bool(request.background)
     store = True if request.store is None else request.store

@@ -6,7 +6,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 
 from redis import Redis
 
@@ -97,8 +96,6 @@ class GenerationService:
             # The lost worker had generated everything; only its finish entry was missing.
             self._publisher.finish_unstarted(response_id, fence, plan)
             return holding
-        if claim.started:
-            plan = replace(plan, publish_start=False)
         if self._model is not None and claim.job.model != self._model:
             # The API rendered the prompt with another model's tokenizer and template: generating
             # it here would serve the wrong model. (resq serves one model per deployment; a

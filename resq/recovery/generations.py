@@ -401,9 +401,10 @@ class Generations:
         return read_progress([decode_entry(fields) for _, fields in entries])
 
     def progress_after(self, response_id: str, claim: Claim) -> Progress:
-        """:meth:`progress` for the holder of ``claim``, without a read when no earlier claim published."""
+        """:meth:`progress` for the holder of ``claim``, without a read when no earlier claim published
+        (then the stream holds at most the start entry this claim appended)."""
         if not claim.published:
-            return Progress(started=False, token_ids=[], finished=False)
+            return Progress(started=claim.started, token_ids=[], finished=False)
         return self.progress(response_id)
 
     def publish(
