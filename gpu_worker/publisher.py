@@ -45,7 +45,7 @@ from transformers.generation.continuous_batching.requests import GenerationOutpu
 
 from gpu_worker import metrics, pipelines
 from gpu_worker.engine import Engine, response_of
-from resq import faults, keys
+from resq import affinity, faults, keys
 from resq.logs import about
 from resq.recovery.generations import (
     ALREADY_APPENDED,
@@ -84,6 +84,9 @@ class _Tracked:
     """The start entry is still to be appended (ahead of any token)."""
     ended: bool = False
     """Its engine copy was ended here (slot released): ending it again does nothing."""
+    affinity_pending: tuple[str, ...] = ()
+    """Affinity keys this worker is still to be recorded for (:mod:`resq.affinity`): the record
+    rides on the request's first round, instead of a round trip before the engine takes it."""
 
     @property
     def total(self) -> int:
@@ -144,9 +147,11 @@ class TokenPublisher:
         stop_token_ids: Iterable[int] = (),
         logprobs: bool = False,
         request_id: str | None = None,
+        affinity_keys: Iterable[str] = (),
     ) -> None:
         """Track a request the engine is about to take as ``request_id`` (default: the response id);
-        its start entry, if missing, goes out with the next step.
+        its start entry, if missing, goes out with the next step, and this worker becomes the
+        affinity of ``affinity_keys`` in the same round.
 
         A copy of an earlier claim of the same response still tracked here (this worker froze,
         lost the claim, and claimed the job again on waking) is stopped in the engine: its
@@ -161,6 +166,7 @@ class TokenPublisher:
             end_tokens,
             logprobs,
             start_pending=plan.publish_start,
+            affinity_pending=tuple(affinity_keys),
         )
         with self._lock:
             superseded = self._tracked.get(response_id)
@@ -320,6 +326,12 @@ class TokenPublisher:
             # Still this claim's? The watchdog (or a reaper that took this worker for dead) may have
             # released it while its copy appended nothing: then the copy stops here too.
             pipe.hmget(keys.generation(response_id), ["owner", "epoch"])
+        # Last, so the replies above keep their places: the next turn of these prefixes comes
+        # here while this worker's cache holds them (best effort: a lost record costs a cache hit).
+        recorded = [state for state in active.values() if state.affinity_pending]
+        for state in recorded:
+            affinity.record(pipe, state.fence.owner, state.affinity_pending)
+            state.affinity_pending = ()
         results = pipelines.execute(self._redis, pipe)
         if round_due:
             self._round_at = now + self._stream_interval_s
@@ -367,8 +379,8 @@ class TokenPublisher:
             self._abandon({response_id: active[response_id] for response_id in sorted(lost)})
         if diverged:
             self._restart_from_stream(sorted(diverged), active)
-        flags = results[len(appends) :: 2]
-        claims = results[len(appends) + 1 :: 2]
+        checks = results[len(appends) : len(appends) + 2 * len(checked)]
+        flags, claims = checks[::2], checks[1::2]
         released = {
             rid
             for rid, (owner, epoch) in zip(checked, claims, strict=True)

@@ -12,7 +12,7 @@ from redis import Redis
 from gpu_worker import metrics
 from gpu_worker.engine import Engine, EngineStoppedError, engine_request_id
 from gpu_worker.publisher import TokenPublisher
-from resq import affinity, faults, keys
+from resq import faults, keys
 from resq.recovery.generations import Fence, Generations, Resumption, plan_resume
 from resq.wire import FinishEntry
 
@@ -105,11 +105,6 @@ class GenerationService:
             entry = FinishEntry("error", plan.prompt_tokens, plan.already_generated, message)
             self._publisher.finish_unstarted(response_id, fence, entry)
             return holding
-        if claim.job.affinity_keys:
-            # The next turn of this prefix comes here while this worker's cache holds it.
-            pipe = self._redis.pipeline(transaction=False)
-            affinity.record(pipe, self._worker_id, claim.job.affinity_keys)
-            pipe.execute()
         if plan.already_generated:
             log.info(
                 "resuming %s after %d tokens (claim %d)", response_id, plan.already_generated, fence.epoch
@@ -156,7 +151,14 @@ class GenerationService:
         job = plan.job
         request_id = engine_request_id(response_id, fence.epoch)
         self._publisher.start_request(
-            response_id, fence, plan, job.stop_token_ids, job.logprobs and self._engine.logprobs, request_id
+            response_id,
+            fence,
+            plan,
+            job.stop_token_ids,
+            job.logprobs and self._engine.logprobs,
+            request_id,
+            # The next turn of this prefix comes here while this worker's cache holds it.
+            affinity_keys=job.affinity_keys,
         )
         metrics.PROMPT_TOKENS.inc(len(job.prompt_token_ids) if not plan.already_generated else 0)
         log.info(

@@ -18,10 +18,12 @@ push equals what ``send_task`` pushes, and that a worker consumes it.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any, Protocol
 
 from celery import Celery
+from celery.utils.nodenames import anon_nodename
 from kombu import serialization
 from kombu.utils.uuid import uuid
 
@@ -58,6 +60,7 @@ class TaskMessages:
         self._channel: Any = None
         self._connection: Any = None
         self._lock = threading.Lock()
+        self._origin: tuple[int, str] | None = None
 
     @property
     def connected(self) -> bool:
@@ -86,7 +89,16 @@ class TaskMessages:
             self.connect()
         channel = self._channel
         headers, properties, body, _ = self._celery.amqp.create_task_message(
-            task_id or uuid(), task, (), kwargs, ignore_result=None
+            task_id or uuid(),
+            task,
+            (),
+            kwargs,
+            ignore_result=None,
+            # What Celery would compute per message (a saferepr of each, the host's name): the
+            # same strings, made once or cheaply (the kwargs are a few short strings).
+            argsrepr="()",
+            kwargsrepr=_kwargs_repr(kwargs),
+            origin=self._origin_name(),
         )
         content_type, content_encoding, payload = serialization.dumps(body, serializer="json")  # type: ignore[no-untyped-call]
         properties["delivery_mode"] = PERSISTENT
@@ -97,9 +109,27 @@ class TaskMessages:
         if not into.added:
             raise RuntimeError("kombu published without handing its commands to the batch")
 
+    def _origin_name(self) -> str:
+        """Celery's ``origin`` header (``gen<pid>@<host>``), computed once per process."""
+        pid = os.getpid()
+        if self._origin is None or self._origin[0] != pid:
+            self._origin = (pid, anon_nodename())
+        return self._origin[1]
+
     def close(self) -> None:
         """Release kombu's connection."""
         with self._lock:
             if self._connection is not None:
                 self._connection.release()
             self._connection = self._channel = None
+
+
+SHORT_REPR = 128
+"""Celery's ``saferepr`` equals ``repr`` for a dict of strings shorter than its limits."""
+
+
+def _kwargs_repr(kwargs: dict[str, Any]) -> str | None:
+    """``kwargsrepr`` as Celery would write it, when that is plain ``repr``; else None (Celery's)."""
+    if all(isinstance(value, str) and len(value) < SHORT_REPR for value in kwargs.values()):
+        return repr(kwargs)
+    return None

@@ -69,7 +69,12 @@ WRITE_BACKOFF = Backoff()
 
 def _logged_state(redis: Redis, response_id: str) -> tuple[int, bool]:
     """How many events are logged, and whether the last one is terminal."""
-    last = range_entries(redis.xrevrange(keys.events(response_id), count=1))
+    return _parse_logged_state(redis.xrevrange(keys.events(response_id), count=1))
+
+
+def _parse_logged_state(reply: object) -> tuple[int, bool]:
+    """:func:`_logged_state` of an ``XREVRANGE ... COUNT 1`` reply."""
+    last = range_entries(reply)
     if not last:
         return 0, False
     entry_id, fields = last[0]
@@ -141,7 +146,11 @@ def run_postprocess(
     :class:`RedisRefusedError` when Redis refused every write, the failure included
     (nothing half-written: a takeover goes on later).
     """
-    values = redis.hmget(keys.record(response_id), records.PROCESSING_FIELDS)
+    # The record and the log's last event in one round trip: a post-processor's first two reads.
+    pipe = redis.pipeline(transaction=False)
+    pipe.hmget(keys.record(response_id), records.PROCESSING_FIELDS)
+    pipe.xrevrange(keys.events(response_id), count=1)
+    values, last_logged = pipe.execute()
     record = records.parse_processing([optional_bytes(value) for value in values])
     if record is None:
         log.info("response %s has no record (deleted or expired); nothing to do", response_id)
@@ -151,7 +160,9 @@ def run_postprocess(
     ttl_s = settings.store_ttl_s if record.store else settings.transient_ttl_s
 
     for rebuild in range(MAX_REBUILDS + 1):
-        already_logged, done = _logged_state(redis, response_id)
+        already_logged, done = (
+            _parse_logged_state(last_logged) if rebuild == 0 else _logged_state(redis, response_id)
+        )
         if done:
             redis.delete(keys.tokens(response_id))
             return "done"
@@ -186,6 +197,8 @@ def run_postprocess(
             _ConversationAppend(options.conversation_id, settings.store_ttl_s)
             if options.conversation_id is not None
             else None,
+            # Only a background response's record starts ``queued``; the others start in progress.
+            created_queued=created.get("status") == "queued",
         )
         try:
             return run.run(keep_going)
@@ -224,7 +237,10 @@ class _Run:
         cancel_flag_ttl_s: int,
         index_owner: str | None,
         conversation: _ConversationAppend | None = None,
+        created_queued: bool = True,
     ) -> None:
+        """``created_queued``: the record was created ``queued``, so the start marks it in progress
+        (a record created in progress has nothing to mark: the mark's round trip is skipped)."""
         self._redis = redis
         self._tokens = tokens
         self._response_id = response_id
@@ -234,6 +250,7 @@ class _Run:
         self._cancel_flag_ttl_s = cancel_flag_ttl_s
         self._index_owner = index_owner
         self._conversation = conversation
+        self._created_queued = created_queued
         self._consumed = ConsumedTokens()
         self._prompt_tokens = 0
         self._engine_stopped = False
@@ -337,7 +354,7 @@ class _Run:
                 if isinstance(entry, FinishEntry):
                     break
             try:
-                if started:
+                if started and self._created_queued:
                     self._mark_in_progress()
                 self._writer.append(events)
                 if processor.stopped_early and not self._engine_stopped:

@@ -21,7 +21,7 @@ import redis
 from prometheus_client import REGISTRY
 from redis.exceptions import ReadOnlyError
 
-from resq import jsonutil, keys
+from resq import jsonutil, keys, records
 from resq.catalog import ModelCatalog, TextTokenizer
 from resq.events import builders as build
 from resq.events import types
@@ -120,13 +120,14 @@ def keep_first(r: redis.Redis, key: str, count: int) -> None:
     pipe.execute()
 
 
-def start_response(r: redis.Redis) -> None:
-    """A record and its event log as the API leaves them (``response.created`` logged)."""
-    created = base_response("queued")
+def start_response(r: redis.Redis, status: str = "queued") -> None:
+    """A record and its event log as the API leaves them (``response.created`` logged): ``queued``
+    as a background response's, ``in_progress`` as a foreground one's."""
+    created = base_response(status)
     r.hset(
         keys.record(RESPONSE_ID),
         mapping={
-            "status": "queued",
+            "status": status,
             "created": jsonutil.dumps(created),
             "options": ProcessingOptions(model="tiny").model_dump_json(),
             "store": "0",
@@ -392,6 +393,36 @@ def test_a_stream_that_only_continues_is_logged_on_the_hubs_thread(
     else:
         assert hub_batches == 0
         assert thread_batches >= len(sent)
+
+
+@pytest.mark.parametrize("created_status", ["queued", "in_progress"])
+def test_only_a_record_created_queued_is_marked_in_progress_at_the_start(
+    r: redis.Redis,
+    tokenizer: TextTokenizer,
+    token_ids: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+    created_status: str,
+) -> None:
+    """A background response's record moves to ``in_progress`` (with its in-progress object) when
+    generation starts; a foreground one's starts there, so no round trip is spent marking it."""
+    marked: list[str] = []
+    evaluate = redis.Redis.eval
+
+    def spied_eval(self: redis.Redis, script: str, *args: Any) -> Any:
+        if script == records.MARK_IN_PROGRESS_LUA:
+            marked.append(str(args[1]))
+        return evaluate(self, script, *args)
+
+    monkeypatch.setattr(redis.Redis, "eval", spied_eval)
+    start_response(r, created_status)
+    add_entries(r, [StartEntry(7), *chunks(token_ids, 0, len(token_ids), 4)])
+    add_entries(r, [FinishEntry("stop", 7, len(token_ids))])
+    assert postprocess(r, tokenizer) == "completed"
+    events = logged_events(r)
+    assert output_text(check_stream(events)) == TEXT
+    in_progress = [event for event in events if event["type"] == types.IN_PROGRESS]
+    assert len(in_progress) == 1 and in_progress[0]["response"]["status"] == "in_progress"
+    assert marked == ([keys.record(RESPONSE_ID)] if created_status == "queued" else [])
 
 
 def test_entries_read_twice_give_their_text_once(

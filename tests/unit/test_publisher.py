@@ -411,3 +411,33 @@ def test_the_held_tokens_of_every_request_go_out_in_the_same_round(r: redis.Redi
     # first token had not passed yet).
     assert stream(r, first.response_id)[2:] == [TokensEntry([12, 13], start=1)]
     assert stream(r, second.response_id)[2:] == [TokensEntry([22], start=1)]
+
+
+def test_the_affinity_record_rides_on_the_requests_first_round_behind_the_other_requests_checks(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing stands between the claim and the engine: the worker becomes the affinity of the
+    job's keys in the round that publishes its first tokens, and the replies of the round's
+    cancel checks (another request's, silent and cancelled) are still read in their places."""
+    engine, gens, publisher, silent, _, silent_id = admitted(r)
+    engine.outputs.append(decoding_request(silent_id, [11]))
+    publisher.step(0)
+    job = staged_job(r)
+    fence, plan = claim_and_plan(gens, job)
+    affinity_keys = [f"resq-test:affinity:{uuid.uuid4().hex}" for _ in range(2)]
+    publisher.start_request(job.response_id, fence, plan, affinity_keys=affinity_keys)
+    assert r.exists(*affinity_keys) == 0
+    r.set(keys.cancel(silent.response_id), "1", ex=60)
+    monkeypatch.setattr(r, "pipeline", lambda transaction=False: new_pipeline(r))
+    engine.outputs.append(decoding(job, [21]))
+    publisher.step(0)
+    assert [r.get(key) for key in affinity_keys] == [b"gpu-test", b"gpu-test"]
+    assert r.ttl(affinity_keys[0]) > 0
+    assert stream(r, job.response_id) == [StartEntry(3), TokensEntry([21], start=0)]
+    assert engine.cancelled == [silent_id]
+    # Recorded once: the next round does not set it again.
+    r.delete(*affinity_keys)
+    engine.outputs.append(decoding(job, [21, 22]))
+    publisher.step(0)
+    assert r.exists(*affinity_keys) == 0
+    r.delete(keys.cancel(silent.response_id))
