@@ -9,10 +9,10 @@ import functools
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import ParamSpec, TypeVar
+from typing import Concatenate, ParamSpec, TypeVar
 
 from celery import Celery
 from redis import Redis
@@ -114,6 +114,19 @@ class _Slot:
     task: asyncio.Task[object] | None
     """The task that took it (a task it starts copies the context, not the slot)."""
     held: bool = False
+
+
+def in_an_accept_slot(
+    accepting: Callable[Concatenate[AppState, P], Awaitable[R]],
+) -> Callable[Concatenate[AppState, P], Awaitable[R]]:
+    """``accepting`` run in one of its first argument's :attr:`AppState.accept_slots`."""
+
+    @functools.wraps(accepting)
+    async def in_a_slot(state: AppState, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        async with state.accept_slots.hold():
+            return await accepting(state, *args, **kwargs)
+
+    return in_a_slot
 
 
 @dataclass

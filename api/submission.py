@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any
 
 from api import compaction
 from api.caller import Caller
@@ -26,7 +24,7 @@ from api.prompting import (
 )
 from api.relay import wait_for_terminal
 from api.schemas import CreateResponseRequest, CustomTool, FunctionTool, JsonSchemaFormat, NamespaceTool, Tool
-from api.state import AppState
+from api.state import AppState, in_an_accept_slot
 from api.store import EarlierConversation
 from resq import affinity, faults, ids, item_index, jsonutil, keys, records, turns
 from resq.catalog import TextTokenizer
@@ -46,8 +44,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TEMPERATURE = 1.0
 DEFAULT_TOP_P = 1.0
-P = ParamSpec("P")
-R = TypeVar("R")
 RETRY_AFTER_S = 1
 """``Retry-After`` of a 429 at capacity: slots free as generations end, typically within seconds."""
 
@@ -239,20 +235,7 @@ async def served_tokenizer(state: AppState, model: str) -> TextTokenizer:
     return tokenizer
 
 
-def _in_an_accept_slot(
-    accepting: Callable[Concatenate[AppState, P], Awaitable[R]],
-) -> Callable[Concatenate[AppState, P], Awaitable[R]]:
-    """``accepting`` run in one of its first argument's accept slots (:class:`api.state.AcceptSlots`)."""
-
-    @functools.wraps(accepting)
-    async def in_a_slot(state: AppState, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        async with state.accept_slots.hold():
-            return await accepting(state, *args, **kwargs)
-
-    return in_a_slot
-
-
-@_in_an_accept_slot
+@in_an_accept_slot
 async def accept(
     state: AppState,
     request: CreateResponseRequest,

@@ -279,7 +279,10 @@ class TokenPublisher:
         # A round's check of a request that appends tokens in it rides on that append (its fence
         # is the claim check, and the script reports the cancel flag): no commands of its own.
         checked_by_append: set[str] = set()
+        recorded: list[_Tracked] = []  # whose affinity record goes out in this round
         for response_id, state in active.items():
+            if state.affinity_pending:
+                recorded.append(state)
             if state.start_pending:  # queued first: it must precede the request's tokens
                 start = StartEntry(state.prompt_tokens)
                 self._generations.publish(pipe, response_id, state.fence, start, 0)
@@ -328,7 +331,6 @@ class TokenPublisher:
             pipe.hmget(keys.generation(response_id), ["owner", "epoch"])
         # Last, so the replies above keep their places: the next turn of these prefixes comes
         # here while this worker's cache holds them (best effort: a lost record costs a cache hit).
-        recorded = [state for state in active.values() if state.affinity_pending]
         for state in recorded:
             affinity.record(pipe, state.fence.owner, state.affinity_pending)
             state.affinity_pending = ()
