@@ -164,6 +164,8 @@ async def serve_stream(client: httpx.AsyncClient, base_url: str, model: str, max
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
+        # Its final usage is what counts the tokens: transformers >= 5.25 sends it only when asked.
+        "stream_options": {"include_usage": True},
     }
     return await _timed_stream(
         client, f"{base_url}/v1/chat/completions", body, _is_chat_delta, _chat_usage_tokens
