@@ -1,7 +1,8 @@
 """B7: CPU seconds a serving system spends around its engine, per streamed token.
 
 A system is a set of processes (resq: its GPU worker, post-process workers, API and
-Redis; ``transformers serve``: one process). Their CPU is read with ``psutil`` per
+Redis; ``transformers serve``: its server process and, since transformers 5.25, the model
+process it spawns, read as the server's children). Their CPU is read with ``psutil`` per
 thread, before and after a run; the threads that run transformers' generation loop
 (``ContinuousBatchingManager._run_generation_loop``: the forward step, the scheduler
 and the sampling of every batch) are the engine and are counted apart. What is left
@@ -162,7 +163,26 @@ class CpuMeter:
 
     def engine_keys(self) -> set[tuple[int, int]]:
         """``(pid, thread id)`` of every engine thread, looked up now (raises when one is missing)."""
-        return {(pid, tid) for pid in self.engine_pids for tid in engine_threads(pid)}
+        return {key for pid in self.engine_pids for key in engine_thread_keys(pid)}
+
+
+def engine_thread_keys(pid: int) -> frozenset[tuple[int, int]]:
+    """``(pid, thread id)`` of the generation-loop threads of process ``pid``, or of its first
+    descendant that runs one (``transformers serve`` >= 5.25 runs its model in a spawned process)."""
+    try:
+        descendants = [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        descendants = []
+    missing: EngineThreadNotFoundError | None = None
+    for candidate in [pid, *descendants]:
+        try:
+            return frozenset((candidate, tid) for tid in engine_threads(candidate))
+        except PySpyUnavailableError:
+            if candidate == pid:
+                raise
+        except EngineThreadNotFoundError as error:
+            missing = missing or error
+    raise missing or EngineThreadNotFoundError(f"process {pid} runs no {ENGINE_LOOP} thread")
 
 
 def redis_server_pid(info: dict[str, object]) -> int | None:

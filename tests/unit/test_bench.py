@@ -449,6 +449,42 @@ def test_engine_threads_are_found_by_the_generation_loop_name() -> None:
         engine_threads(os.getpid())
 
 
+_CHILD_WITH_AN_ENGINE_THREAD = """
+import sys, threading
+def _run_generation_loop():
+    sys.stdin.readline()
+thread = threading.Thread(target=_run_generation_loop)
+thread.start()
+print(thread.native_id, flush=True)
+thread.join()
+"""
+
+
+def test_engine_threads_are_found_in_a_spawned_model_process() -> None:
+    """``transformers serve`` >= 5.25 runs its engine in a child process: it is found there, by pid."""
+    import os
+    import subprocess
+    import sys
+
+    from bench.cpu_accounting import PySpyUnavailableError, engine_thread_keys, engine_threads
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD_WITH_AN_ENGINE_THREAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        engine_tid = int(child.stdout.readline())
+        try:
+            engine_threads(child.pid)
+        except PySpyUnavailableError as error:
+            pytest.skip(str(error))
+        assert engine_thread_keys(os.getpid()) == {(child.pid, engine_tid)}
+    finally:
+        if child.stdin is not None:
+            child.stdin.close()
+        child.wait(10)
+
+
 def test_the_stream_interval_table_pairs_each_interval_with_the_first_per_round() -> None:
     from bench.stream_interval import SCENARIO, interval_table, system_name
 
