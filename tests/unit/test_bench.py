@@ -450,39 +450,54 @@ def test_engine_threads_are_found_by_the_generation_loop_name() -> None:
 
 
 _CHILD_WITH_AN_ENGINE_THREAD = """
-import sys, threading
+import os, sys, threading
 def _run_generation_loop():
     sys.stdin.readline()
 thread = threading.Thread(target=_run_generation_loop)
 thread.start()
-print(thread.native_id, flush=True)
+print(os.getpid(), thread.native_id, flush=True)
 thread.join()
+"""
+
+_PARENT_OF_IT = """
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdin=sys.stdin, stdout=sys.stdout)
+sys.exit(child.wait())
 """
 
 
 def test_engine_threads_are_found_in_a_spawned_model_process() -> None:
-    """``transformers serve`` >= 5.25 runs its engine in a child process: it is found there, by pid."""
-    import os
+    """``transformers serve`` >= 5.25 runs its engine in a process it spawns: found there, by pid."""
     import subprocess
     import sys
 
-    from bench.cpu_accounting import PySpyUnavailableError, engine_thread_keys, engine_threads
+    from bench.cpu_accounting import (
+        EngineThreadNotFoundError,
+        PySpyUnavailableError,
+        engine_thread_keys,
+        engine_threads,
+    )
 
-    child = subprocess.Popen(
-        [sys.executable, "-c", _CHILD_WITH_AN_ENGINE_THREAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    # A server process (no engine thread of its own) whose one child runs the engine thread.
+    server = subprocess.Popen(
+        [sys.executable, "-c", _PARENT_OF_IT, _CHILD_WITH_AN_ENGINE_THREAD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
     )
     try:
-        assert child.stdout is not None and child.stdin is not None
-        engine_tid = int(child.stdout.readline())
+        assert server.stdout is not None and server.stdin is not None
+        child_pid, engine_tid = (int(value) for value in server.stdout.readline().split())
         try:
-            engine_threads(child.pid)
+            engine_threads(child_pid)
         except PySpyUnavailableError as error:
             pytest.skip(str(error))
-        assert engine_thread_keys(os.getpid()) == {(child.pid, engine_tid)}
+        with pytest.raises(EngineThreadNotFoundError, match="runs no"):
+            engine_threads(server.pid)
+        assert engine_thread_keys(server.pid) == {(child_pid, engine_tid)}
     finally:
-        if child.stdin is not None:
-            child.stdin.close()
-        child.wait(10)
+        if server.stdin is not None:
+            server.stdin.close()
+        server.wait(10)
 
 
 def test_the_stream_interval_table_pairs_each_interval_with_the_first_per_round() -> None:
