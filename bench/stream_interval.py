@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import click
 import redis
@@ -85,19 +86,20 @@ def paired_rounds(
     return results
 
 
-def interval_table(results: ResultSet, intervals: list[int], model: str, concurrency: int) -> Table:
-    """Every interval's medians, and its per-round ratios against the first interval."""
-    base = system_name(intervals[0])
+def configuration_table(
+    results: ResultSet, scenario: str, names: list[str], model: str, concurrency: int, title: str, label: str
+) -> Table:
+    """Every configuration's medians, and its per-round ratios against the first of ``names``."""
+    base = names[0]
     rows = []
-    for interval in intervals:
-        name = system_name(interval)
+    for name in names:
 
         def value(metric: str, name: str = name) -> float | None:
-            return results.scalar(SCENARIO, name, metric, model, concurrency)
+            return results.scalar(scenario, name, metric, model, concurrency)
 
         paired = [
-            fmt_paired(results.per_round_ratios(SCENARIO, name, base, metric, model, concurrency))
-            if interval != intervals[0]
+            fmt_paired(results.per_round_ratios(scenario, name, base, metric, model, concurrency))
+            if name != base
             else "-"
             for metric in ("tok_s", "server_cpu_us_per_token")
         ]
@@ -114,9 +116,9 @@ def interval_table(results: ResultSet, intervals: list[int], model: str, concurr
             ]
         )
     return Table(
-        f"Stream interval, {model}, {concurrency} clients (medians of rounds; ratios paired per round against {base})",
+        f"{title}, {model}, {concurrency} clients (medians of rounds; ratios paired per round against {base})",
         [
-            "interval",
+            label,
             "tok/s",
             "tokens / delta",
             "TTFT p50 ms",
@@ -130,6 +132,46 @@ def interval_table(results: ResultSet, intervals: list[int], model: str, concurr
     )
 
 
+def interval_table(results: ResultSet, intervals: list[int], model: str, concurrency: int) -> Table:
+    """Every interval's medians, and its per-round ratios against the first interval."""
+    names = [system_name(interval) for interval in intervals]
+    return configuration_table(results, SCENARIO, names, model, concurrency, "Stream interval", "interval")
+
+
+def measure_configurations(
+    configurations: dict[str, dict[str, Any]],
+    scenario: str,
+    model: str,
+    rounds: int,
+    concurrency: int,
+    tokens: int,
+) -> tuple[ResultSet, str]:
+    """Start one resq stack per configuration (``ResqStack`` keyword arguments, by name), each on a
+    Redis of its own, and measure them paired per round (:func:`paired_rounds`); the results and
+    the model's key."""
+    cache = Path.home() / ".cache" / "resq" / "bench-models"
+    served = ensure_bench(cache) if model == "bench" else ensure_tiny(cache)
+    group = ProcGroup(Path(tempfile.mkdtemp(prefix=f"resq-bench-{scenario}-")))
+    servers = {name: EmbeddedRedis() for name in configurations}
+    systems: dict[str, HttpSystems] = {}
+    try:
+        for name, options in configurations.items():
+            server = servers[name]
+            server.start()
+            stack = ResqStack(group, server.url, served, **options)
+            stack.start()
+            pid = cpu_accounting.redis_server_pid(redis.Redis.from_url(server.url).info("server"))
+            systems[name] = HttpSystems(stack, redis_pid=pid)
+        for system in systems.values():
+            system.stack.wait_ready()
+        click.echo(f"model {served.key}; {concurrency} clients x {tokens} tokens; logs in {group.log_dir}")
+        return paired_rounds(systems, scenario, served.key, concurrency, tokens, rounds), served.key
+    finally:
+        group.stop_all()
+        for server in servers.values():
+            server.stop()
+
+
 @click.command()
 @click.option(
     "--intervals", default="0,50", show_default=True, help="RESQ_STREAM_INTERVAL_MS values, comma-separated."
@@ -141,29 +183,13 @@ def interval_table(results: ResultSet, intervals: list[int], model: str, concurr
 def main(intervals: str, model: str, rounds: int, concurrency: int, tokens: int) -> None:
     """Throughput and CPU per token of resq at several stream intervals, paired per round."""
     wanted = [int(value) for value in intervals.split(",")]
-    cache = Path.home() / ".cache" / "resq" / "bench-models"
-    served = ensure_bench(cache) if model == "bench" else ensure_tiny(cache)
-    group = ProcGroup(Path(tempfile.mkdtemp(prefix="resq-bench-interval-")))
-    servers = {interval: EmbeddedRedis() for interval in wanted}
-    systems: dict[str, HttpSystems] = {}
-    try:
-        for interval, server in servers.items():
-            server.start()
-            env = {"RESQ_STREAM_INTERVAL_MS": str(interval)}
-            stack = ResqStack(group, server.url, served, gpu_worker_env=env)
-            stack.start()
-            pid = cpu_accounting.redis_server_pid(redis.Redis.from_url(server.url).info("server"))
-            systems[system_name(interval)] = HttpSystems(stack, redis_pid=pid)
-        for system in systems.values():
-            system.stack.wait_ready()
-        click.echo(f"model {served.key}; {concurrency} clients x {tokens} tokens; logs in {group.log_dir}")
-        results = paired_rounds(systems, SCENARIO, served.key, concurrency, tokens, rounds)
-        click.echo("")
-        click.echo(to_markdown(interval_table(results, wanted, served.key, concurrency)))
-    finally:
-        group.stop_all()
-        for server in servers.values():
-            server.stop()
+    configurations = {
+        system_name(interval): {"gpu_worker_env": {"RESQ_STREAM_INTERVAL_MS": str(interval)}}
+        for interval in wanted
+    }
+    results, key = measure_configurations(configurations, SCENARIO, model, rounds, concurrency, tokens)
+    click.echo("")
+    click.echo(to_markdown(interval_table(results, wanted, key, concurrency)))
 
 
 if __name__ == "__main__":

@@ -519,6 +519,27 @@ def test_the_stream_interval_table_pairs_each_interval_with_the_first_per_round(
     assert second[-2:] == ["1.50, 2.00, 2.00 -> 2.00x", "0.25, 0.50, 0.75 -> 0.50x"]
 
 
+def test_the_placement_table_pairs_inline_with_the_workers_per_round() -> None:
+    from bench.placement import SCENARIO, placement_table, system_name
+
+    results = ResultSet()
+    for round_index, (workers_cpu, inline_cpu) in enumerate([(160.0, 120.0), (150.0, 135.0), (200.0, 100.0)]):
+        for count, cpu in ((2, workers_cpu), (0, inline_cpu)):
+            metrics = {"tok_s": 2000.0 + count, "server_cpu_us_per_token": cpu}
+            if count:
+                metrics["server_cpu_us_per_token:postprocess"] = cpu / 3
+            results.add(RunRecord(SCENARIO, system_name(count), "tiny", 32, round_index, metrics))
+    table = placement_table(results, [2, 0], "tiny", 32)
+    workers, inline = table.rows
+    assert table.headers[0] == "post-processing"
+    assert workers[0] == "2 post-process workers" and workers[-2:] == ["-", "-"]
+    assert inline[0] == "inline" and inline[4] == "120.0"
+    postprocess = table.headers.index("postprocess")
+    assert workers[postprocess] == "53.3" and inline[postprocess] == "-"
+    assert inline[-1] == "0.75, 0.90, 0.50 -> 0.75x"
+    assert system_name(1) == "1 post-process worker"
+
+
 def test_the_versus_table_pairs_this_checkout_with_the_base_per_round() -> None:
     from bench.versus import HERE, SCENARIO, versus_table
 
