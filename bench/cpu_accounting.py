@@ -168,21 +168,27 @@ class CpuMeter:
 
 def engine_thread_keys(pid: int) -> frozenset[tuple[int, int]]:
     """``(pid, thread id)`` of the generation-loop threads of process ``pid``, or of its first
-    descendant that runs one (``transformers serve`` >= 5.25 runs its model in a spawned process)."""
+    descendant that runs one (``transformers serve`` >= 5.25 runs its model in a spawned process).
+
+    Raises :class:`PySpyUnavailableError` when ``pid`` cannot be read, and ``pid``'s own
+    :class:`EngineThreadNotFoundError` when no descendant runs one either.
+    """
     try:
-        descendants = [child.pid for child in psutil.Process(pid).children(recursive=True)]
+        return frozenset((pid, tid) for tid in engine_threads(pid))
+    except PySpyUnavailableError:
+        raise
+    except EngineThreadNotFoundError as not_here:
+        missing = not_here
+    try:
+        descendants = psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         descendants = []
-    missing: EngineThreadNotFoundError | None = None
-    for candidate in [pid, *descendants]:
+    for child in descendants:
         try:
-            return frozenset((candidate, tid) for tid in engine_threads(candidate))
-        except PySpyUnavailableError:
-            if candidate == pid:
-                raise
-        except EngineThreadNotFoundError as error:
-            missing = missing or error
-    raise missing or EngineThreadNotFoundError(f"process {pid} runs no {ENGINE_LOOP} thread")
+            return frozenset((child.pid, tid) for tid in engine_threads(child.pid))
+        except EngineThreadNotFoundError:  # py-spy unavailable for it included: not a Python engine
+            continue
+    raise missing
 
 
 def redis_server_pid(info: dict[str, object]) -> int | None:

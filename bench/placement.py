@@ -2,7 +2,7 @@
 
 One resq stack per placement (``RESQ_POSTPROCESS_WORKERS``: ``0`` post-processes on the API's
 thread pool, ``n`` starts ``n`` post-process workers), each with its own GPU worker, API and
-private redis-server, measured as :mod:`bench.stream_interval` measures intervals: ``clients``
+private redis-server, measured as :mod:`bench.configurations` measures configurations: ``clients``
 concurrent greedy streams of ``tokens`` tokens, rounds in rotated order after a full-width
 warm-up; tok/s, tokens per delta, TTFT p50 and B7's CPU per streamed token outside the engine
 thread, by process. Ratios are medians of per-round ratios against the first placement given.
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import click
 
+from bench.configurations import configuration_table, load_options, measure_configurations
 from bench.report import Table, to_markdown
 from bench.results import ResultSet
-from bench.stream_interval import configuration_table, measure_configurations
 
 SCENARIO = "placement"
 
@@ -45,10 +45,7 @@ def placement_table(results: ResultSet, placements: list[int], model: str, concu
     show_default=True,
     help="RESQ_POSTPROCESS_WORKERS values, comma-separated (0: inline in the API).",
 )
-@click.option("--model", type=click.Choice(["tiny", "bench"]), default="tiny", show_default=True)
-@click.option("--rounds", type=int, default=4, show_default=True)
-@click.option("--clients", "concurrency", type=int, default=32, show_default=True)
-@click.option("--tokens", type=int, default=256, show_default=True)
+@load_options(rounds=4)
 def main(workers: str, model: str, rounds: int, concurrency: int, tokens: int) -> None:
     """Throughput and CPU per token of resq with its post-processing placed in several ways, paired per round."""
     placements = [int(value) for value in workers.split(",")]

@@ -29,12 +29,12 @@ import click
 import redis
 
 from bench import clients, cpu_accounting
+from bench.configurations import ROLES, paired_rounds
 from bench.models import ensure_bench, ensure_tiny
 from bench.procs import ProcGroup
 from bench.report import Table, fmt, fmt_paired, to_markdown
 from bench.results import ResultSet, RunRecord
 from bench.stats import alternated
-from bench.stream_interval import ROLES, paired_rounds
 from bench.systems import HttpSystems, ResqStack
 from resq.embedded_redis import EmbeddedRedis
 
