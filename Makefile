@@ -10,7 +10,7 @@ CLIENTS_STAMP := $(CLIENTS)/node_modules/.installed-stamp
 # host PyPI's default Linux wheel (CUDA) is the one wanted.
 TORCH := torch==2.13.0
 
-.PHONY: install clients run test test-clients test-fast lint format clean lock docs compose-config bench bench-quick bench-structured bench-affinity bench-agent bench-interval bench-placement bench-relay fuzz soak
+.PHONY: install clients run test test-clients test-fast lint format clean lock docs compose-config bench bench-quick bench-structured bench-affinity bench-agent bench-interval bench-placement bench-transport bench-relay fuzz soak
 
 install: $(STAMP)
 
@@ -70,6 +70,9 @@ bench-interval: install  ## The stream interval A/B (RESQ_STREAM_INTERVAL_MS 0 v
 
 bench-placement: install  ## Post-process workers vs inline post-processing in the API: tok/s and CPU per token, paired per round (~4 min)
 	$(BIN)/python -m bench.placement $(BENCH_ARGS)
+
+bench-transport: install  ## Redis over loopback TCP vs a Unix socket: tok/s and CPU per token, paired per round (~4 min)
+	$(BIN)/python -m bench.transport $(BENCH_ARGS)
 
 bench-relay: install  ## The API's relay alone vs the bare floor: CPU per relayed frame, paired per round (BASE=<commit> adds that API; ~2 min)
 	$(BIN)/python -m bench.relay $(if $(BASE),--base '$(BASE)') $(BENCH_ARGS)

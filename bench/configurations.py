@@ -157,17 +157,22 @@ def measure_configurations(
 ) -> tuple[ResultSet, str]:
     """Start one resq stack per configuration (``ResqStack`` keyword arguments, by name), each on a
     Redis of its own, and measure them paired per round (:func:`paired_rounds`); the results and
-    the model's key."""
+    the model's key. A configuration's ``redis_unix_socket: True`` (not a ``ResqStack`` argument)
+    puts its stack on its Redis's Unix socket instead of loopback TCP."""
     cache = Path.home() / ".cache" / "resq" / "bench-models"
     served = ensure_bench(cache) if model == "bench" else ensure_tiny(cache)
     group = ProcGroup(Path(tempfile.mkdtemp(prefix=f"resq-bench-{scenario}-")))
-    servers = {name: EmbeddedRedis() for name in configurations}
+    servers = {
+        name: EmbeddedRedis(unix_socket=bool(options.get("redis_unix_socket")))
+        for name, options in configurations.items()
+    }
     systems: dict[str, HttpSystems] = {}
     try:
         for name, options in configurations.items():
             server = servers[name]
             server.start()
-            stack = ResqStack(group, server.url, served, **options)
+            stack_options = {key: value for key, value in options.items() if key != "redis_unix_socket"}
+            stack = ResqStack(group, server.url, served, **stack_options)
             stack.start()
             pid = cpu_accounting.redis_server_pid(redis.Redis.from_url(server.url).info("server"))
             systems[name] = HttpSystems(stack, redis_pid=pid)

@@ -11,12 +11,13 @@ from celery import Celery
 from kombu import Queue  # type: ignore[attr-defined]
 
 from resq import keys
+from resq.redis_urls import celery_broker_url
 from resq.settings import Settings
 
 
 def make_celery(settings: Settings) -> Celery:
     """A Celery app on ``settings.redis_url`` with resq's queues and JSON serialisation."""
-    app = Celery("resq", broker=settings.redis_url, set_as_current=False)
+    app = Celery("resq", broker=celery_broker_url(settings.redis_url), set_as_current=False)
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],

@@ -12,6 +12,8 @@ from pathlib import Path
 from redis import Redis
 from redis.exceptions import RedisError
 
+from resq.redis_urls import unix_socket_url
+
 
 def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
     """Whether a Redis server answers PING at ``url``."""
@@ -46,27 +48,37 @@ def _redis_server_binary() -> str:
 
 
 class EmbeddedRedis:
-    """A private redis-server on a free loopback port, in a temporary directory."""
+    """A private redis-server in a temporary directory, on a free loopback port or a Unix socket."""
 
-    def __init__(self) -> None:
-        self.port = _free_port()
+    def __init__(self, unix_socket: bool = False) -> None:
+        """``unix_socket``: listen on a socket in its directory only (no TCP port): the cheaper
+        transport when every client runs on this host (:mod:`resq.redis_urls`)."""
+        self.unix_socket = unix_socket
+        self.port = 0 if unix_socket else _free_port()
         self._dir = Path(tempfile.mkdtemp(prefix="resq-redis-"))
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
+    def socket_path(self) -> Path:
+        """Where its Unix socket is (only listened on with ``unix_socket``)."""
+        return self._dir / "redis.sock"
+
+    @property
     def url(self) -> str:
         """Its URL (database 0)."""
+        if self.unix_socket:
+            return unix_socket_url(str(self.socket_path))
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> None:
         """Start it and wait until it answers."""
+        listen = ["--port", str(self.port), "--bind", "127.0.0.1"]
+        if self.unix_socket:
+            listen += ["--unixsocket", str(self.socket_path), "--unixsocketperm", "700"]
         self._process = subprocess.Popen(
             [
                 _redis_server_binary(),
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
+                *listen,
                 "--save",
                 "",
                 "--appendonly",
@@ -80,7 +92,7 @@ class EmbeddedRedis:
         deadline = time.monotonic() + timeout_s
         while not redis_answers(self.url, 0.2):
             if self._process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the embedded redis-server did not start on port {self.port}")
+                raise RuntimeError(f"the embedded redis-server did not start at {self.url}")
             time.sleep(0.05)
 
     def stop(self) -> None:

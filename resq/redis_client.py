@@ -15,6 +15,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
+from resq.redis_urls import transport_options
+
 ASYNC_MAX_CONNECTIONS = 200
 ASYNC_CONNECTION_WAIT_S = 30.0
 _RETRY_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionResetError)
@@ -27,7 +29,7 @@ def sync_redis(url: str) -> Redis:
         retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=8),
         retry_on_error=list(_RETRY_ERRORS),
         health_check_interval=30,
-        socket_keepalive=True,
+        **transport_options(url),
     )
 
 
@@ -45,6 +47,6 @@ def async_redis(url: str) -> AsyncRedis:
         retry=AsyncRetry(ExponentialBackoff(cap=2.0, base=0.05), retries=8),
         retry_on_error=list(_RETRY_ERRORS),
         health_check_interval=30,
-        socket_keepalive=True,
+        **transport_options(url),
     )
     return AsyncRedis.from_pool(pool)

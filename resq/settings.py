@@ -31,7 +31,10 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=1, le=65535, description="Port the API listens on.")
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0",
-        description="Redis for the Celery broker, token streams, event logs and the store.",
+        description=(
+            "Redis for the Celery broker, token streams, event logs and the store: `redis://`, "
+            "`rediss://` (TLS) or a Unix socket, `unix:///path/redis.sock?db=0`."
+        ),
     )
 
     # --- model ---------------------------------------------------------------------------------
