@@ -139,6 +139,7 @@ def _pick(errors: Sequence[Any]) -> dict[str, Any]:
                 "invalid_unicode",
                 "nesting_limit",
                 "items_limit",
+                "number_range",
                 "unknown_tool_type",
             )
             else 0
@@ -148,6 +149,10 @@ def _pick(errors: Sequence[Any]) -> dict[str, Any]:
     return max(errors, key=rank)
 
 
+RAW_BODY_ERRORS = ("invalid_unicode", "nesting_limit", "items_limit", "number_range")
+"""The errors of :func:`api.schemas.check_raw_body`: their messages are written for the client."""
+
+
 def validation_error_to_openai(errors: Sequence[Any]) -> OpenAIError:
     """One OpenAI error for pydantic's list of errors."""
     if not errors:
@@ -155,7 +160,7 @@ def validation_error_to_openai(errors: Sequence[Any]) -> OpenAIError:
     error = _pick(errors)
     kind: str = error["type"]
     param = _param_path(error["loc"])
-    if kind in ("invalid_unicode", "nesting_limit", "items_limit"):  # from api.schemas.check_raw_body
+    if kind in RAW_BODY_ERRORS:
         return invalid_value(str(error["msg"]), (error.get("ctx") or {}).get("param"))
     if kind == "json_invalid" or (kind == "missing" and param is None):  # no body at all
         return OpenAIError(

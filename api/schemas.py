@@ -8,6 +8,7 @@ fields, as the SDK omits what the caller leaves out anyway.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -31,6 +32,11 @@ MAX_INPUT_ITEMS = 4096
 """Most input items a request may send. Validating an item costs the event loop about 4 us:
 220,000 one-word messages (7.5 MB, under the body limit) held every stream of the replica for
 about 2 s; this bound keeps validation near 15 ms, and is refused before anything else is walked."""
+SMALLEST_INT = -(2**63)
+LARGEST_INT = 2**64 - 1
+"""The integers a request may hold: what the JSON encoder of the stored objects (orjson, 64-bit
+integers, signed or not) can write back. Python's JSON parser reads any integer; a larger one
+would fail when the response, the job or a conversation item is stored."""
 METADATA_MAX_KEYS = 16
 METADATA_MAX_KEY_CHARS = 64
 METADATA_MAX_VALUE_CHARS = 512
@@ -44,9 +50,16 @@ def _not_utf8(text: str) -> bool:
     return False
 
 
+def _storable_number(value: int | float) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)  # NaN and infinities are not JSON (1e400 parses as infinity)
+    return SMALLEST_INT <= value <= LARGEST_INT
+
+
 def check_raw_body(body: Any) -> None:
     """Refuse what no field validator sees: too many input items, text that is not valid Unicode,
-    and excessive nesting.
+    numbers that cannot be stored as JSON (integers past 64 bits, NaN, infinities) and excessive
+    nesting.
 
     Walks the parsed JSON without recursion; the error's context names the culprit's path.
     """
@@ -83,6 +96,13 @@ def check_raw_body(body: Any) -> None:
                 stack.append((item, child, depth + 1))
         elif isinstance(value, list):
             stack.extend((item, f"{path}[{index}]", depth + 1) for index, item in enumerate(value))
+        elif isinstance(value, (int, float)) and not _storable_number(value):
+            raise PydanticCustomError(
+                "number_range",
+                "The number at '{param}' cannot be stored: integers must fit in 64 bits, and NaN "
+                "and infinities are not JSON.",
+                {"param": path or None},
+            )
 
 
 def unsupported(what: str) -> PydanticCustomError:

@@ -148,6 +148,50 @@ CASES = [
         "tools",
         json=body(tools=[{"type": "function", "name": "f", "parameters": {"type": "object", "x": DEEP}}]),
     ),
+    Case(
+        "integer_past_64_bits",
+        400,
+        "invalid_value",
+        "input[1].content[0].annotations[0]",
+        json=body(
+            input=[
+                {"role": "user", "content": "hi"},
+                {
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": "x", "annotations": [2**64]}],
+                },
+            ]
+        ),
+    ),
+    Case(
+        "integer_past_64_bits_in_a_conversation",
+        400,
+        "invalid_value",
+        "items[0].content[0].annotations[0]",
+        path="/v1/conversations",
+        json={
+            "items": [
+                {
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": "x", "annotations": [-(2**63) - 1]}],
+                }
+            ]
+        },
+    ),
+    Case(
+        "nan_number",
+        400,
+        "invalid_value",
+        "temperature",
+        content=b'{"model": "fixture", "input": "hi", "temperature": NaN}',
+    ),
+    Case(
+        "infinite_number",
+        400,
+        "invalid_value",
+        "top_p",
+        content=b'{"model": "fixture", "input": "hi", "top_p": 1e400}',
+    ),
     # --- fields: presence, unknown, types ----------------------------------------------------------
     Case("missing_model", 400, "missing_required_parameter", "model", json={"input": "hi"}),
     Case("empty_model", 400, "invalid_value", "model", json=body(model="")),

@@ -99,6 +99,22 @@ def test_background_and_non_objects_are_refused_on_the_socket(stack: Stack) -> N
         assert '"code":"invalid_json"' in str(socket.recv(timeout=30))
         socket.send('{"type": "session.update"}')
         assert '"param":"type"' in str(socket.recv(timeout=30))
+        # Numbers the store cannot write get the same error as over HTTP (the message's JSON is
+        # parsed as a body is, so 2**64 is not silently read as a float).
+        socket.send(
+            '{"type": "response.create", "model": "fixture", "input": [{"role": "assistant", "content": '
+            '[{"type": "output_text", "text": "x", "annotations": [18446744073709551616]}]}]}'
+        )
+        assert '"param":"input[0].content[0].annotations[0]"' in str(socket.recv(timeout=30))
+        socket.send('{"type": "response.create", "model": "fixture", "input": "Hi", "temperature": NaN}')
+        assert '"param":"temperature"' in str(socket.recv(timeout=30))
+        # The socket is still usable.
+        socket.send('{"type": "response.create", "model": "fixture", "input": "Hi", "max_output_tokens": 4}')
+        while True:
+            event = json.loads(socket.recv(timeout=60))
+            assert event["type"] not in ("error", "response.failed"), event
+            if event["type"] in ("response.completed", "response.incomplete"):
+                break
 
 
 def test_an_unstored_response_is_continued_on_its_socket_only(stack: Stack) -> None:
