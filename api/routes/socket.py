@@ -153,7 +153,7 @@ class Socket:
                     # Parsed as FastAPI parses an HTTP body (integers of any size stay integers), so
                     # that a message and a body are refused for the same numbers (check_raw_body).
                     await self._messages.put(json.loads(text))
-                except ValueError:
+                except (ValueError, RecursionError):  # not JSON; nested past the parser's recursion
                     await self._messages.put(None)  # answered with invalid_json, in its turn
         except (WebSocketDisconnect, RuntimeError):
             self._closed.set()

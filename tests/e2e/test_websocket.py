@@ -97,6 +97,8 @@ def test_background_and_non_objects_are_refused_on_the_socket(stack: Stack) -> N
         assert '"param":"background"' in str(socket.recv(timeout=30))
         socket.send("not json")
         assert '"code":"invalid_json"' in str(socket.recv(timeout=30))
+        socket.send("[" * 100_000)  # deeper than any JSON parser recurses
+        assert '"code":"invalid_json"' in str(socket.recv(timeout=30))
         socket.send('{"type": "session.update"}')
         assert '"param":"type"' in str(socket.recv(timeout=30))
         # Numbers the store cannot write get the same error as over HTTP (the message's JSON is
