@@ -9,6 +9,7 @@ wrong: ``missing_required_parameter``, ``unknown_parameter``, ``invalid_type``,
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -17,6 +18,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -84,6 +86,21 @@ _TAG_AFTER: dict[str, frozenset[str]] = {
 }
 
 
+@functools.cache
+def _request_model_names() -> frozenset[str]:
+    """The class names of the API's request models: in a union that is not tagged, pydantic names
+    the branch by its class in ``loc`` (``conversation.ConversationRef.id``), which is no field.
+    Read at the first error, when every route's models are long defined."""
+    names: set[str] = set()
+    pending: list[type[BaseModel]] = list(BaseModel.__subclasses__())
+    while pending:
+        model = pending.pop()
+        pending.extend(model.__subclasses__())
+        if model.__module__.startswith("api."):
+            names.add(model.__name__)
+    return frozenset(names)
+
+
 def _param_path(loc: Sequence[int | str], skip_tags: bool = True) -> str | None:
     parts: list[str] = []
     for index, component in enumerate(loc):
@@ -96,6 +113,8 @@ def _param_path(loc: Sequence[int | str], skip_tags: bool = True) -> str | None:
         if not _WORD.match(component):
             continue  # e.g. "list[tagged-union[...]]", "function-after[...]"
         if index > 0 and component in _TAG_AFTER.get(str(loc[index - 1]), frozenset()):
+            continue
+        if index > 0 and component in _request_model_names():
             continue
         if skip_tags and component in _NOT_FIELDS | {
             "message",

@@ -80,7 +80,8 @@ def create_request(message: Any) -> tuple[CreateResponseRequest, str | None]:
         raise invalid_value("'stream_id' must be a string.", "stream_id")
     if message.get("background"):
         raise invalid_value("'background' is not supported over WebSocket; use HTTP.", "background")
-    if message.get("stream") is False:
+    stream = message.get("stream")
+    if stream is not None and stream is not True:  # false, or not a boolean at all (1 == True)
         raise invalid_value("Responses over WebSocket always stream: send no 'stream'.", "stream")
     body = {key: value for key, value in message.items() if key not in SOCKET_ONLY_FIELDS}
     body["stream"] = True

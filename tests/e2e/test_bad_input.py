@@ -295,6 +295,13 @@ CASES = [
     Case("truncation_unknown", 400, "invalid_value", "truncation", json=body(truncation="sometimes")),
     Case("conversation_malformed", 400, "invalid_value", "conversation", json=body(conversation="conv_1")),
     Case(
+        "conversation_id_wrong_type",
+        400,
+        "invalid_type",
+        "conversation.id",
+        json=body(conversation={"id": 3}),
+    ),
+    Case(
         "conversation_unknown",
         404,
         None,

@@ -101,6 +101,8 @@ def test_background_and_non_objects_are_refused_on_the_socket(stack: Stack) -> N
         assert '"code":"invalid_json"' in str(socket.recv(timeout=30))
         socket.send('{"type": "session.update"}')
         assert '"param":"type"' in str(socket.recv(timeout=30))
+        socket.send('{"type": "response.create", "model": "fixture", "input": "Hi", "stream": "yes"}')
+        assert '"param":"stream"' in str(socket.recv(timeout=30))
         # Numbers the store cannot write get the same error as over HTTP (the message's JSON is
         # parsed as a body is, so 2**64 is not silently read as a float).
         socket.send(

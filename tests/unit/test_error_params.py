@@ -1,0 +1,50 @@
+"""The ``param`` of a 400 names the field the client sent, never a model's class or a union branch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from api.errors import OpenAIError, validation_error_to_openai
+from api.routes.socket import create_request
+from api.schemas import CreateResponseRequest
+
+
+def refused(**fields: Any) -> tuple[str | None, str | None]:
+    with pytest.raises(ValidationError) as raised:
+        CreateResponseRequest.model_validate({"model": "tiny", "input": "hi", **fields})
+    error = validation_error_to_openai(raised.value.errors())
+    return error.param, error.code
+
+
+@pytest.mark.parametrize(
+    ("conversation", "expected"),
+    [
+        ({"id": 3}, ("conversation.id", "invalid_type")),
+        ({}, ("conversation.id", "missing_required_parameter")),
+        (5, ("conversation", "invalid_type")),
+    ],
+)
+def test_a_conversation_object_is_named_by_its_fields(conversation: Any, expected: tuple[str, str]) -> None:
+    # pydantic names the union's object branch by its class: conversation.ConversationRef.id.
+    assert refused(conversation=conversation) == expected
+
+
+def test_a_metadata_key_is_named_as_sent() -> None:
+    assert refused(metadata={"Foo": 5}) == ("metadata.Foo", "invalid_type")
+
+
+@pytest.mark.parametrize("stream", [False, "x", 1, {}])
+def test_a_socket_message_may_only_leave_stream_out_or_true(stream: Any) -> None:
+    message = {"type": "response.create", "model": "tiny", "input": "hi", "stream": stream}
+    with pytest.raises(OpenAIError) as raised:
+        create_request(message)
+    assert (raised.value.status_code, raised.value.param) == (400, "stream")
+
+
+@pytest.mark.parametrize("fields", [{}, {"stream": True}, {"stream": None}])
+def test_a_socket_message_streams_without_saying_so(fields: dict[str, Any]) -> None:
+    request, _ = create_request({"type": "response.create", "model": "tiny", "input": "hi", **fields})
+    assert request.stream is True
