@@ -10,6 +10,7 @@ stored; a 400 for anything that cannot be said that way names the chat parameter
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -208,9 +209,16 @@ _PARAM_PREFIXES = (
 """Responses parameter paths and the chat parameters they were translated from."""
 
 
+_FUNCTION_TOOL_FIELD = re.compile(r"^(tools\[\d+\])\.(name|description|parameters|strict)(?=$|[.\[])")
+"""A Responses function tool's field, which a chat tool nests under ``function``."""
+
+
 def in_chat_terms(error: OpenAIError) -> OpenAIError:
-    """A translated request's error, naming the chat parameter it came from."""
+    """A translated request's error (from its validation, or from ``accept``: a tool's or the
+    ``response_format``'s schema, the context length), naming the chat parameter it came from."""
     param = error.param
+    if param is not None:
+        param = _FUNCTION_TOOL_FIELD.sub(r"\1.function.\2", param)
     for responses_name, chat_name in _PARAM_PREFIXES:
         if param is not None and (
             param == responses_name or param.startswith((responses_name + ".", responses_name + "["))

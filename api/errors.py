@@ -199,8 +199,13 @@ def validation_error_to_openai(errors: Sequence[Any]) -> OpenAIError:
         return invalid_value(f"Invalid value for '{param}': unknown type.", param)
     if _TYPE_ERRORS.search(kind):
         where = f"'{param}'" if param else "the request body (a JSON object is expected)"
-        return invalid_value(f"Invalid type for {where}: {error['msg']}.", param, "invalid_type")
-    return invalid_value(f"Invalid value for '{param}': {error['msg']}.", param)
+        return invalid_value(f"Invalid type for {where}: {_clause(error['msg'])}.", param, "invalid_type")
+    return invalid_value(f"Invalid value for '{param}': {_clause(error['msg'])}.", param)
+
+
+def _clause(message: str) -> str:
+    """A validator's message as the end of our sentence: without its own full stop (no "..")."""
+    return message.rstrip(".")
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -8,6 +8,7 @@ from starlette.responses import Response
 from api import chat
 from api.chat_schemas import ChatCompletionRequest
 from api.deps import CallerDep, StateDep
+from api.errors import OpenAIError
 from api.foreground import final_json, stream_new_response
 from api.http import raw_json_response
 from api.metrics import CLIENT_CLOSED_REQUEST
@@ -27,7 +28,10 @@ async def create_chat_completion(
     Never stored. A client that hangs up cancels the generation; a generation that fails
     streams an ``{"error": ...}`` body, or answers 500 with it.
     """
-    accepted = await accept(state, chat.responses_request(body), caller, chat=chat.extras(body))
+    try:
+        accepted = await accept(state, chat.responses_request(body), caller, chat=chat.extras(body))
+    except OpenAIError as error:  # named in Responses terms (a schema, the context): say it in chat's
+        raise chat.in_chat_terms(error) from None
     if body.stream:
         return event_stream_response(
             stream_new_response(state, accepted, chat_sse_chunks), state.settings.sse_ping_s

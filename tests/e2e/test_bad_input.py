@@ -613,6 +613,16 @@ CASES = [
             tool_choice={"type": "function", "function": {"name": "g"}},
         ),
     ),
+    Case(
+        "chat_response_format_bad_schema",
+        400,
+        "invalid_json_schema",
+        "response_format.json_schema.schema",
+        path=CHAT,
+        json=chat(
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}
+        ),
+    ),
     Case("chat_wrong_method", 405, None, None, method="GET", path=CHAT),
     Case("unknown_route", 404, None, None, method="GET", path="/v1/nothing-here"),
     Case("wrong_method", 405, None, None, method="PUT", path="/v1/responses"),
@@ -692,7 +702,7 @@ def test_bad_input_gets_its_error_and_harms_nothing(
     assert reply.status_code == case.status, reply.text
     error = reply.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
-    assert error["message"]
+    assert error["message"] and not error["message"].endswith(".."), error["message"]
     assert (error["type"], error["code"], error["param"]) == (case.type, case.code, case.param), error
 
     # The service is unharmed: a normal request succeeds, the stored response is as it was.

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from api.chat import in_chat_terms
 from api.errors import OpenAIError, validation_error_to_openai
 from api.routes.socket import create_request
 from api.schemas import CreateResponseRequest
@@ -48,3 +49,25 @@ def test_a_socket_message_may_only_leave_stream_out_or_true(stream: Any) -> None
 def test_a_socket_message_streams_without_saying_so(fields: dict[str, Any]) -> None:
     request, _ = create_request({"type": "response.create", "model": "tiny", "input": "hi", **fields})
     assert request.stream is True
+
+
+@pytest.mark.parametrize(
+    ("responses_param", "chat_param"),
+    [
+        ("text.format.schema", "response_format.json_schema.schema"),
+        ("tools[3].parameters", "tools[3].function.parameters"),
+        ("tools[0].parameters.properties.a", "tools[0].function.parameters.properties.a"),
+        ("tools[0].name", "tools[0].function.name"),
+        ("tools[0]", "tools[0]"),
+        ("input[2].content", "messages[2].content"),
+        ("max_output_tokens", "max_tokens"),
+    ],
+)
+def test_an_error_of_a_translated_chat_request_names_the_chat_parameter(
+    responses_param: str, chat_param: str
+) -> None:
+    # Raised by accept() about the translated request: a tool's or response_format's schema, the context.
+    error = in_chat_terms(
+        OpenAIError(400, "Invalid schema.", param=responses_param, code="invalid_json_schema")
+    )
+    assert (error.param, error.code, error.message) == (chat_param, "invalid_json_schema", "Invalid schema.")
