@@ -21,6 +21,8 @@ pytestmark = pytest.mark.e2e
 
 EXAMPLES = int(os.environ.get("RESQ_FUZZ_EXAMPLES", "20"))
 SHRINK = os.environ.get("RESQ_FUZZ_SHRINK", "0") == "1"
+RANDOM = os.environ.get("RESQ_FUZZ_RANDOM", "0") == "1"
+"""New requests on every run (the suite's run stays derandomised: the same requests each time)."""
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +48,7 @@ def test_schema_describes_the_create_body(fuzzed: Stack) -> None:
 
 @pytest.mark.timeout(3600)
 def test_fuzzing_finds_no_server_error(fuzzed: Stack) -> None:
-    report = fuzz_api(fuzzed.base_url, MODEL, EXAMPLES, shrink=SHRINK)
+    report = fuzz_api(fuzzed.base_url, MODEL, EXAMPLES, shrink=SHRINK, randomised=RANDOM)
     print(f"fuzz: {report.statuses.total()} requests: {sorted(report.statuses.items())}")
     assert not report.failures, "\n".join(report.failures)
     # Some generated requests were valid all the way: they reached the GPU worker.

@@ -3,7 +3,9 @@
 Every operation is fuzzed with schema-conforming (positive) and schema-violating
 (negative) requests. Half of the create requests name the served model, so that valid
 ones reach tokenising, the queue and the GPU worker rather than stopping at a 404.
-Hypothesis is derandomised: the same schema gives the same requests on every run.
+Hypothesis is derandomised by default: the same schema gives the same requests on every run;
+``randomised`` draws new ones each run (``make fuzz RESQ_FUZZ_RANDOM=1``), so that runs repeated
+by hand explore further, and a failure is reported with the request that caused it.
 """
 
 from __future__ import annotations
@@ -82,13 +84,15 @@ def _fuzz_operation(
         session.close()
 
 
-def fuzz_api(base_url: str, model: str, max_examples: int, shrink: bool = False) -> FuzzReport:
+def fuzz_api(
+    base_url: str, model: str, max_examples: int, shrink: bool = False, randomised: bool = False
+) -> FuzzReport:
     """Fuzz every operation of the API at ``base_url``, with positive and negative requests."""
     schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json")
     report = FuzzReport()
     options: dict[str, Any] = {
         "max_examples": max_examples,
-        "derandomize": True,
+        "derandomize": not randomised,
         "database": None,
         "deadline": None,
         "phases": [Phase.explicit, Phase.generate, *([Phase.shrink] if shrink else [])],
