@@ -124,7 +124,9 @@ def test_a_tool_result_answering_no_call_names_the_message() -> None:
         ("max_output_tokens", "max_tokens"),
         ("text.format.name", "response_format.json_schema.name"),
         ("text", "response_format"),
-        ("tools[0].name", "tools[0].name"),
+        # A chat tool is a function tool whose fields sit under `function`.
+        ("tools[0].name", "tools[0].function.name"),
+        ("tools[1]", "tools[1]"),
         ("textual", "textual"),
         (None, None),
     ],

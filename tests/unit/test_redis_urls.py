@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Iterator
 
@@ -64,40 +63,38 @@ def test_the_embedded_redis_listens_on_its_socket_only(socket_redis: EmbeddedRed
         client.close()
 
 
-def test_every_client_of_a_role_reaches_the_socket_database(socket_redis: EmbeddedRedis) -> None:
-    """redis-py (both clients) and Celery's broker connection on ``unix://...?db=5`` use database 5."""
+@pytest.mark.anyio
+async def test_the_api_client_reaches_the_socket_database(socket_redis: EmbeddedRedis) -> None:
     url = unix_socket_url(str(socket_redis.socket_path), 5)
     marker = f"resq-test-{uuid.uuid4().hex}"
     sync_client = sync_redis(url)
     sync_client.set(marker, "sync")
+    client = async_redis(url)
+    try:
+        assert await client.get(marker) == b"sync"
+    finally:
+        await client.aclose()
+        sync_client.close()
 
-    async def through_async() -> bytes | None:
-        client = async_redis(url)
-        try:
-            value: bytes | None = await client.get(marker)
-            return value
-        finally:
-            await client.aclose()
 
-    assert asyncio.run(through_async()) == b"sync"
-
+def test_the_workers_clients_reach_the_socket_database(socket_redis: EmbeddedRedis) -> None:
+    """redis-py and Celery's broker connection on ``unix://...?db=5`` both use database 5."""
+    url = unix_socket_url(str(socket_redis.socket_path), 5)
+    sync_client = sync_redis(url)
     app = make_celery(Settings(redis_url=url))
     queue_name = f"resq-test-queue-{uuid.uuid4().hex}"
     with app.connection_for_write() as connection:
         queue = connection.SimpleQueue(queue_name)
         try:
-            queue.put({"checked": marker})
+            queue.put({"checked": queue_name})
             message = queue.get(timeout=5)
-            assert message.payload == {"checked": marker}
+            assert message.payload == {"checked": queue_name}
             message.ack()
             # kombu's binding record of the queue is in database 5, where the store's keys are.
             assert sync_client.exists(f"_kombu.binding.{queue_name}") == 1
-            assert (
-                redis.Redis.from_url(unix_socket_url(str(socket_redis.socket_path), 0)).exists(
-                    f"_kombu.binding.{queue_name}"
-                )
-                == 0
-            )
+            other = redis.Redis.from_url(unix_socket_url(str(socket_redis.socket_path), 0))
+            assert other.exists(f"_kombu.binding.{queue_name}") == 0
+            other.close()
         finally:
             queue.close()
     sync_client.close()
