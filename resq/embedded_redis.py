@@ -51,8 +51,8 @@ class EmbeddedRedis:
     """A private redis-server in a temporary directory, on a free loopback port or a Unix socket."""
 
     def __init__(self, unix_socket: bool = False) -> None:
-        """``unix_socket``: listen on a socket in its directory only (no TCP port): the cheaper
-        transport when every client runs on this host (:mod:`resq.redis_urls`)."""
+        """``unix_socket``: listen on a socket in its directory only, no TCP port (every client
+        must run on this host; :mod:`resq.redis_urls`)."""
         self.unix_socket = unix_socket
         self.port = 0 if unix_socket else _free_port()
         self._dir = Path(tempfile.mkdtemp(prefix="resq-redis-"))

@@ -1,10 +1,9 @@
 """``RESQ_REDIS_URL`` over TCP or a Unix socket, as redis-py and kombu each spell it.
 
 resq takes redis-py's URL forms: ``redis://host:port/db`` (``rediss://`` with TLS) and
-``unix:///path/to/redis.sock?db=N``. On one host a Unix socket is the cheaper transport:
-every token chunk crosses Redis twice and every hop is a socket round trip, and a Unix socket
-skips the loopback TCP stack on both sides of each (``docs/benchmarks.md`` has the paired
-figures). kombu, Celery's transport, names the same socket ``redis+socket:///path`` with the
+``unix:///path/to/redis.sock?db=N``. A socket keeps Redis off the network when every role runs
+on its host; it is not a speed-up (``make bench-transport``, paired against loopback TCP: 1.04x
+and 0.91x the CPU per token in two runs, ``docs/benchmarks.md``). kombu, Celery's transport, names the same socket ``redis+socket:///path`` with the
 database as ``virtual_host``: :func:`celery_broker_url` translates.
 """
 
