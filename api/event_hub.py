@@ -139,6 +139,20 @@ class Follower:
         return batch
 
 
+def _raise_if_cancel_swallowed() -> None:
+    """Raise the cancellation of this task if a library swallowed it.
+
+    Python 3.11's ``asyncio.wait_for`` returns its inner result instead of raising when the
+    cancel lands after the inner future finished, and redis-py wraps every send in one
+    (``socket_timeout`` is set by default). A cancel of the hub landing there let the read
+    return normally; the hub then waited for new followers forever while ``close()`` (at the
+    API's shutdown) or the event loop's teardown waited for it.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 _HUBS: weakref.WeakKeyDictionary[Redis, EventHub] = weakref.WeakKeyDictionary()
 
 
@@ -179,16 +193,13 @@ class EventHub:
 
     async def close(self) -> None:
         """Stop reading."""
-        if self._ticker is not None:
-            self._ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._ticker
-            self._ticker = None
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        for task in (self._ticker, self._task):
+            if task is not None:
+                task.cancel()
+                # wait(), not `await task` in suppress(CancelledError): that also swallowed a
+                # cancel of the caller.
+                await asyncio.wait({task})
+        self._ticker = self._task = None
         await self._drop_connection(disconnect=False)
 
     @contextlib.asynccontextmanager
@@ -255,6 +266,7 @@ class EventHub:
                 continue
             finally:
                 self._reading = frozenset()
+            _raise_if_cancel_swallowed()
             self._dispatch(multi_stream_entries(reply))
 
     async def _read(self, command: bytes) -> Any:

@@ -148,3 +148,37 @@ def test_the_hub_wakes_an_idle_follower_with_an_empty_batch(redis_url: str) -> N
             await redis.aclose()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.timeout(30)
+def test_closing_the_hub_ends_it_even_when_a_read_swallowed_the_cancel(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Python 3.11's ``asyncio.wait_for`` (redis-py sends through one) returns normally when a
+    cancel lands just as its inner future finished; the hub must still stop, not wait for new
+    followers forever (that hung the API's shutdown, and the suite's event-loop teardown)."""
+    reads_after_cancel: list[bytes] = []
+
+    async def read_that_swallows_a_cancel(self: EventHub, command: bytes) -> None:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            reads_after_cancel.append(command)  # returned as if the read had completed
+        return None
+
+    monkeypatch.setattr(EventHub, "_read", read_that_swallows_a_cancel)
+
+    async def scenario() -> None:
+        redis = Redis.from_url(redis_url)
+        hub = EventHub(redis)
+        try:
+            async with hub.follow("test:hub:swallowed", "0-0"):
+                await asyncio.sleep(0.1)  # the hub is in its read
+            started = time.monotonic()
+            await asyncio.wait_for(hub.close(), 5)
+            assert time.monotonic() - started < 2
+            assert len(reads_after_cancel) == 1
+        finally:
+            await redis.aclose()
+
+    asyncio.run(scenario())

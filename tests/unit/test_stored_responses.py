@@ -13,6 +13,7 @@ import redis
 
 from api.caller import ANONYMOUS, Caller
 from api.errors import OpenAIError
+from api.event_hub import EventHub
 from api.query import MAX_POSITION, boolean, non_negative_int
 from api.relay import follow_events
 from api.store import ResponseStore, StoredResponse, check_response_id
@@ -273,6 +274,7 @@ async def test_following_a_finished_log_gives_what_is_after_the_position_then_en
         assert await collect(follow_events(client, response_id, 3)) == []
         assert await collect(follow_events(client, response_id, 50)) == []
     finally:
+        await EventHub.close_for(client)
         await client.aclose()
 
 
@@ -297,6 +299,7 @@ async def test_following_a_live_log_misses_nothing_appended_meanwhile(
             log_events(redis_client, response_id, ["a", "b", "c", "response.incomplete"])
         assert received == [1, 2, 3, 4]
     finally:
+        await EventHub.close_for(client)
         await client.aclose()
 
 
@@ -313,6 +316,7 @@ async def test_following_ends_when_the_response_is_deleted(redis_url: str, redis
                 await anyio.sleep(0.2)
                 delete(redis_client, response_id)
     finally:
+        await EventHub.close_for(client)
         await client.aclose()
 
 
@@ -346,4 +350,5 @@ async def test_store_refuses_unstored_and_foreign_responses(
                 await store.earlier_conversation(response_id, ANONYMOUS)
             assert previous.value.status_code == 400 and previous.value.code == "previous_response_not_found"
     finally:
+        await EventHub.close_for(client)
         await client.aclose()
