@@ -15,6 +15,7 @@ from pydantic import (
     Discriminator,
     Field,
     Tag,
+    ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -355,6 +356,19 @@ class ChatCompletionRequest(_Strict):
         if info.field_name == "metadata":
             raise unsupported("'metadata' (chat completions are not stored)")
         raise unsupported(f"The parameter {info.field_name!r}")
+
+    @field_validator("stream_options")
+    @classmethod
+    def _options_of_a_stream(
+        cls, value: ChatStreamOptions | None, info: ValidationInfo
+    ) -> ChatStreamOptions | None:
+        # OpenAI refuses them on a request that does not stream (so does vLLM): no client sends
+        # them there on purpose, and accepting them would hide a request that meant to stream.
+        if value is not None and not info.data.get("stream"):
+            raise PydanticCustomError(
+                "stream_options_without_stream", "it is only allowed when 'stream' is true.", {}
+            )
+        return value
 
     @field_validator("store")
     @classmethod

@@ -562,6 +562,14 @@ CASES = [
     Case("chat_n", 400, "unsupported_parameter", "n", path=CHAT, json=chat(n=3)),
     Case("chat_store", 400, "unsupported_parameter", "store", path=CHAT, json=chat(store=True)),
     Case("chat_stream_string", 400, "invalid_type", "stream", path=CHAT, json=chat(stream="yes")),
+    Case(
+        "chat_stream_options_without_stream",
+        400,
+        "invalid_value",
+        "stream_options",
+        path=CHAT,
+        json=chat(stream_options={"include_usage": True}),
+    ),
     Case("chat_bad_temperature", 400, "invalid_value", "temperature", path=CHAT, json=chat(temperature=-1)),
     Case(
         "chat_conflicting_limits",

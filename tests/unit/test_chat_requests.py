@@ -6,11 +6,12 @@ from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
+from pydantic import ValidationError
 
 from api import metrics
 from api.chat import completion_id, extras, in_chat_terms, responses_request
 from api.chat_schemas import ChatCompletionRequest
-from api.errors import OpenAIError
+from api.errors import OpenAIError, validation_error_to_openai
 from api.schemas import LOGPROBS_INCLUDE
 
 
@@ -104,6 +105,18 @@ def test_max_tokens_alone_and_equal_limits_are_fine_and_different_ones_a_400() -
     with pytest.raises(OpenAIError) as raised:
         responses_request(chat(max_tokens=5, max_completion_tokens=6))
     assert raised.value.param == "max_tokens"
+
+
+def test_stream_options_come_only_with_a_stream() -> None:
+    assert chat(stream=True, stream_options={"include_usage": True}).include_usage
+    for not_streaming in ({}, {"stream": False}, {"stream": None}):
+        with pytest.raises(ValidationError) as raised:
+            chat(stream_options={"include_usage": True}, **not_streaming)
+        error = validation_error_to_openai(raised.value.errors())
+        assert (error.status_code, error.param, error.code) == (400, "stream_options", "invalid_value")
+        assert error.message == (
+            "Invalid value for 'stream_options': it is only allowed when 'stream' is true."
+        )
 
 
 def test_a_tool_result_answering_no_call_names_the_message() -> None:
