@@ -850,7 +850,14 @@ def test_chat_stream_survives_a_gpu_worker_killed_mid_generation(
         victim = stack.role_of(owner)
         generated = freeze_then_kill(victim, r, response_id)
         seen.update(victim=victim, response_id=response_id, generated=generated)
-        wait_until(lambda: generation_field(r, response_id, "epoch") == "2", RECOVERY_BOUND_S, "a resume")
+
+        def resumed_or_forgotten() -> bool:
+            # A chat completion is not stored: once it ends, its keys go. A seeded answer that
+            # ends soon after the resume (45 tokens at temperature 2) can be gone between two
+            # polls; the survivor's log, checked after the stream, proves the resume then.
+            return generation_field(r, response_id, "epoch") in ("2", None)
+
+        wait_until(resumed_or_forgotten, RECOVERY_BOUND_S, "a resume")
 
     reference: list[dict[str, Any]] | dict[str, Any] = references(**greedy)
     if seeded:
