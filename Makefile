@@ -10,7 +10,7 @@ CLIENTS_STAMP := $(CLIENTS)/node_modules/.installed-stamp
 # host PyPI's default Linux wheel (CUDA) is the one wanted.
 TORCH := torch==2.13.0
 
-.PHONY: install clients run test test-clients test-fast lint format clean lock docs compose-config bench bench-quick bench-structured bench-affinity bench-agent bench-interval bench-placement bench-transport bench-relay fuzz soak
+.PHONY: install clients run test test-clients test-fast lint format clean lock docs compose-config bench bench-quick bench-structured bench-affinity bench-agent bench-interval bench-placement bench-transport bench-relay bench-grammar fuzz soak
 
 install: $(STAMP)
 
@@ -61,6 +61,9 @@ bench-structured: install  ## Structured (json_schema) vs plain throughput and T
 
 bench-agent: install  ## Agent loop (10 turns, growing history): prefix caching on vs off, WebSocket vs HTTP SSE (~3 min)
 	$(BIN)/python -m bench.agent_loop $(BENCH_ARGS)
+
+bench-grammar: install  ## The API's grammar check of an agent's strict tools: compiled vs remembered, paired (~1 min)
+	$(BIN)/python -m bench.grammar_checks $(BENCH_ARGS)
 
 bench-affinity: install  ## 16 concurrent agent loops on 2 GPU workers vs 1: affinity hit rate and turn-10 TTFT (~4 min on tiny)
 	$(BIN)/python -m bench.affinity $(BENCH_ARGS)

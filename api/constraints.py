@@ -4,8 +4,9 @@ A schema llguidance cannot compile (invalid, an unsupported JSON Schema feature,
 bad regex ``pattern``, too large) is a 400 ``invalid_json_schema`` naming the field
 it came from, so nothing the GPU worker would refuse ever reaches it. The whole
 grammar is compiled once; only when that fails are the request's schemas compiled
-one by one, to name the culprit. Runs in a worker thread: compiling a large schema
-takes milliseconds to a second.
+one by one, to name the culprit. A grammar the model's vocabulary accepted recently
+(an agent's tools, every turn) is not compiled again (:class:`resq.grammars.AcceptedGrammars`).
+Runs in a worker thread: compiling a large schema takes milliseconds to a second.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from functools import partial
 
 from llguidance import LLMatcher
 
+from api import metrics
 from api.errors import OpenAIError, invalid_value
 from api.generation_plan import GenerationPlan, answer_schema, custom_input_schema
 from api.schemas import CreateResponseRequest, CustomTool, FunctionTool
@@ -67,7 +69,8 @@ def request_grammar(
     try:
         grammar = build_grammar(shape, tokenizer.special_token_id)
         if grammar is not None:
-            check_grammar(grammar, tokenizer.grammar_tokenizer)
+            compiled = tokenizer.grammar_checks.check(grammar)
+            metrics.GRAMMAR_CHECKS.labels("compiled" if compiled else "remembered").inc()
     except GrammarError as exc:
         culprit = _culprit(request, tokenizer)
         if culprit is not None:

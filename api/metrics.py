@@ -71,6 +71,12 @@ WORKERS_ALIVE = Gauge(
     "resq_workers_alive", "Workers whose heartbeat is fresh (read from Redis at scrape time).", ["role"]
 )
 REDIS_UP = Gauge("resq_redis_up", "1 when Redis answered the last scrape's queries, else 0.")
+GRAMMAR_CHECKS = Counter(
+    "resq_grammar_checks",
+    "Constrained requests' grammars checked before queueing, by result: compiled (checked now) or "
+    "remembered (the model's vocabulary accepted the same grammar recently: no compile).",
+    ["result"],
+)
 AFFINITY_ROUTED = Counter(
     "resq_affinity_routed",
     "Jobs with a routing key (prompt_cache_key, conversation, previous_response_id), by outcome: "

@@ -25,6 +25,7 @@ from tokenizers.decoders import DecodeStream
 
 from resq import keys
 from resq.chat_template import render_chat
+from resq.grammars import AcceptedGrammars
 from resq.prompt_tokens import PromptEncoder
 from resq.redis_types import optional_bytes, scored_members
 
@@ -126,6 +127,11 @@ class TextTokenizer:
     def grammar_tokenizer(self) -> LLTokenizer:
         """The vocabulary as llguidance sees it, to check grammars against (built once, ~1 s for 150k tokens)."""
         return LLTokenizer(self.tokenizer.to_str(), eos_token=list(self.card.eos_token_ids) or None)
+
+    @cached_property
+    def grammar_checks(self) -> AcceptedGrammars:
+        """Checks grammars against this vocabulary, remembering those it accepted."""
+        return AcceptedGrammars(self.grammar_tokenizer)
 
     def special_token_id(self, text: str) -> int | None:
         """The id of ``text`` when it is one token that llguidance treats as special (markup tags)."""

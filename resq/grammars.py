@@ -39,7 +39,10 @@ whitespace), so a model cannot pad an answer with endless blanks.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +54,8 @@ JSON_STYLE: dict[str, Any] = {"whitespace_flexible": False, "key_separator": ": 
 MAX_GRAMMAR_CHARS = 512 * 1024
 """The largest grammar (schemas included) a request may need: a bigger one gets a 400."""
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
+ACCEPTED_GRAMMARS_KEPT = 256
+"""How many distinct grammars a vocabulary remembers having accepted (:class:`AcceptedGrammars`)."""
 
 SpecialTokenId = Callable[[str], int | None]
 """The id of the single special token spelled ``text``, or None (then the tag is plain text)."""
@@ -245,6 +250,41 @@ def check_grammar(grammar: str, tokenizer: LLTokenizer | None = None) -> None:
     failed, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
     if failed:
         raise GrammarError(_first_line(messages[0] if messages else "the grammar does not compile"))
+
+
+class AcceptedGrammars:
+    """Checks grammars against one vocabulary, remembering the last ones it accepted.
+
+    An agent sends the same tools (strict ones constrain its calls) and the same ``text.format``
+    on every turn, and compiling their grammar to check it took 1-10 ms of the API's CPU per
+    turn with a handful to twenty tools (more for large schemas) before the request was queued.
+    A grammar accepted before is accepted again at once (the GPU worker keeps its compiled
+    matchers likewise, :data:`gpu_worker.constraints.COMPILED_GRAMMARS_KEPT`). Only accepted
+    grammars are remembered, by digest (bounded memory whatever their size); a refused one is
+    compiled each time, to say why. Thread-safe: checks run in worker threads.
+    """
+
+    def __init__(self, tokenizer: LLTokenizer | None, kept: int = ACCEPTED_GRAMMARS_KEPT) -> None:
+        """``tokenizer``: the vocabulary to check against (None: the grammar alone)."""
+        self._tokenizer = tokenizer
+        self._kept = kept
+        self._accepted: OrderedDict[bytes, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def check(self, grammar: str) -> bool:
+        """Raise :class:`GrammarError` when ``grammar`` does not compile; True when it was compiled
+        now, False when it had been accepted before."""
+        digest = hashlib.blake2b(grammar.encode(), digest_size=16).digest()
+        with self._lock:
+            if digest in self._accepted:
+                self._accepted.move_to_end(digest)
+                return False
+        check_grammar(grammar, self._tokenizer)
+        with self._lock:
+            self._accepted[digest] = None
+            while len(self._accepted) > self._kept:
+                self._accepted.popitem(last=False)
+        return True
 
 
 def _first_line(message: str) -> str:

@@ -9,19 +9,23 @@ because constrained decoding makes them.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import re
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
+import httpx
 import lark
 import openai
 import pytest
 import redis
 from agents import Agent, ModelSettings, OpenAIResponsesModel, RunConfig, Runner
 from openai import AsyncOpenAI, OpenAI
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
 from tests.e2e.conftest import Stack, start_stack
@@ -150,6 +154,38 @@ def test_a_strict_tool_call_follows_its_parameters(client: OpenAI) -> None:
         assert len(calls) >= 1, (choice, response.output)
         assert all(follows(call.arguments, parameters) for call in calls)
         assert calls[0].name == "get_weather"
+
+
+def _grammar_checks(stack: Stack) -> dict[str, float]:
+    counts = {"compiled": 0.0, "remembered": 0.0}
+    for family in text_string_to_metric_families(httpx.get(f"{stack.base_url}/metrics", timeout=30).text):
+        for sample in family.samples:
+            if sample.name == "resq_grammar_checks_total":
+                counts[sample.labels["result"]] = sample.value
+    return counts
+
+
+def test_an_agent_resending_its_strict_tools_has_them_compiled_once(stack: Stack) -> None:
+    """Turn after turn the same tools: the API compiles their grammar once, and every turn's calls
+    still follow it (the GPU worker constrains each one)."""
+    client = stack.client()
+    parameters = copy.deepcopy(GET_WEATHER_TOOL["function"]["parameters"])
+    # A description of its own: a grammar no earlier test sent, so the first turn compiles it.
+    parameters["properties"]["city"]["description"] = f"The city ({uuid.uuid4().hex})."
+    tool = {"type": "function", "name": "get_weather", "parameters": parameters, "strict": True}
+    before = _grammar_checks(stack)
+    for _ in range(3):
+        response = client.responses.create(
+            model=FIXTURE,
+            input="What is the weather in Paris?",
+            temperature=0,
+            tools=[tool],
+            tool_choice="required",
+        )
+        calls = [item for item in response.output if item.type == "function_call"]
+        assert calls and all(follows(call.arguments, parameters) for call in calls), response.output
+    after = _grammar_checks(stack)
+    assert (after["compiled"] - before["compiled"], after["remembered"] - before["remembered"]) == (1, 2)
 
 
 @pytest.mark.parametrize(

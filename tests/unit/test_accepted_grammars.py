@@ -1,0 +1,89 @@
+"""Checking a grammar once per vocabulary (``resq.grammars.AcceptedGrammars``), on llguidance itself."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from llguidance import LLMatcher
+
+from resq import grammars
+from resq.grammars import AcceptedGrammars, AnswerShape, GrammarError, build_grammar
+
+
+def schema_grammar(properties: dict[str, Any]) -> str:
+    schema = {"type": "object", "properties": properties, "additionalProperties": False}
+    grammar = build_grammar(AnswerShape(reasoning=None, json_schema=schema, calls=None), lambda _: None)
+    assert grammar is not None
+    return grammar
+
+
+BROKEN = '{"grammars": [{"lark_grammar": "start: undefined_rule\\n"}]}'
+
+
+@pytest.fixture
+def compiles(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The grammars llguidance was asked to compile (each still compiled for real)."""
+    seen: list[str] = []
+    validate = LLMatcher.validate_grammar_with_warnings
+
+    def counted(grammar: str, tokenizer: Any = None) -> Any:
+        seen.append(grammar)
+        return validate(grammar, tokenizer)
+
+    monkeypatch.setattr(grammars.LLMatcher, "validate_grammar_with_warnings", counted)
+    return seen
+
+
+def test_a_grammar_accepted_once_is_not_compiled_again(compiles: list[str]) -> None:
+    checks = AcceptedGrammars(None)
+    first, second = schema_grammar({"a": {"type": "integer"}}), schema_grammar({"b": {"type": "string"}})
+    assert checks.check(first) is True
+    assert checks.check(first) is False
+    assert checks.check(second) is True
+    assert checks.check(first) is False
+    assert compiles == [first, second]
+
+
+def test_a_refused_grammar_is_compiled_and_refused_every_time(compiles: list[str]) -> None:
+    checks = AcceptedGrammars(None)
+    for _ in range(2):
+        with pytest.raises(GrammarError):
+            checks.check(BROKEN)
+    assert compiles == [BROKEN, BROKEN]
+
+
+def test_only_the_most_recently_used_grammars_are_kept(compiles: list[str]) -> None:
+    checks = AcceptedGrammars(None, kept=2)
+    a, b, c = (schema_grammar({name: {"type": "integer"}}) for name in "abc")
+    checks.check(a)
+    checks.check(b)
+    checks.check(a)  # a is now the most recent: c pushes b out
+    checks.check(c)
+    assert [checks.check(grammar) for grammar in (a, c, b)] == [False, False, True]
+    assert compiles == [a, b, c, b]
+
+
+def test_checks_from_many_threads_agree(compiles: list[str]) -> None:
+    checks = AcceptedGrammars(None, kept=4)
+    grammars_used = [schema_grammar({f"p{index}": {"type": "integer"}}) for index in range(8)]
+    failures: list[BaseException] = []
+
+    def hammer(offset: int) -> None:
+        try:
+            for round_number in range(50):
+                checks.check(grammars_used[(offset + round_number) % len(grammars_used)])
+        except BaseException as error:  # reported below
+            failures.append(error)
+
+    threads = [threading.Thread(target=hammer, args=(offset,)) for offset in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert set(compiles) == set(grammars_used)  # every grammar compiled for real, none skipped unchecked
+    for grammar in grammars_used:  # and the memo still works after the contention
+        checks.check(grammar)
+        assert checks.check(grammar) is False
