@@ -98,6 +98,9 @@ def api(**flags: Any) -> None:
         log_config=None,
         access_log=settings.log_level == "debug",
         timeout_graceful_shutdown=10,
+        # A WebSocket message is a request body: the same limit (uvicorn's own is 16 MiB). One over
+        # it closes the socket with 1009 (message too big) before it is read whole.
+        ws_max_size=settings.max_body_bytes,
     )
 
 

@@ -187,7 +187,12 @@ class Settings(BaseSettings):
         ),
     )
     max_body_bytes: int = Field(
-        8 * 1024 * 1024, ge=1024, description="Largest request body the API reads; larger ones get a 413."
+        8 * 1024 * 1024,
+        ge=1024,
+        description=(
+            "Largest request body the API reads; larger ones get a 413. "
+            "A WebSocket message over it closes its socket (1009, message too big)."
+        ),
     )
     max_output_tokens_cap: int = Field(
         32768, ge=1, description="Largest `max_output_tokens` a request may ask for; above it, a 400."

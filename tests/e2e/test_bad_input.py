@@ -18,6 +18,8 @@ from typing import Any
 import httpx
 import pytest
 import redis
+import websockets.exceptions
+import websockets.sync.client
 import zstandard
 from openai import RateLimitError
 from openai.types.responses import Response
@@ -694,6 +696,23 @@ def test_a_compressed_request_is_served(limited: Stack, encoding: str) -> None:
     )
     assert reply.status_code == 200, reply.text
     assert Response.model_validate(reply.json()).output_text == scenario("hello").completion
+
+
+def test_a_websocket_message_over_the_body_limit_closes_the_socket_with_1009(limited: Stack) -> None:
+    """A WebSocket message is a request body: one under the limit is answered (here, a 400 error
+    event, the socket still open); one over it is not read whole: the socket closes, 1009."""
+    url = limited.base_url.replace("http://", "ws://") + "/v1/responses"
+    filler = "x" * (MAX_BODY_BYTES - 200)
+    with websockets.sync.client.connect(url, max_size=None) as socket:
+        socket.send(
+            json.dumps({"type": "response.create", "model": MODEL, "input": filler, "temperature": 7})
+        )
+        refused = json.loads(socket.recv(timeout=30))
+        assert (refused["type"], refused["error"]["param"]) == ("error", "temperature"), refused
+        socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": filler + "x" * 400}))
+        with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
+            socket.recv(timeout=30)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
 
 
 def test_matrix_has_enough_cases() -> None:
