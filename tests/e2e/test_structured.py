@@ -9,10 +9,8 @@ because constrained decoding makes them.
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import re
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -166,13 +164,20 @@ def _grammar_checks(stack: Stack) -> dict[str, float]:
 
 
 def test_an_agent_resending_its_strict_tools_has_them_compiled_once(stack: Stack) -> None:
-    """Turn after turn the same tools: the API compiles their grammar once, and every turn's calls
-    still follow it (the GPU worker constrains each one)."""
+    """Turn after turn the same tools: the API compiles their grammar at most once (an earlier test
+    may have sent the same grammar), and every turn's calls still follow it (the GPU worker
+    constrains each one)."""
     client = stack.client()
-    parameters = copy.deepcopy(GET_WEATHER_TOOL["function"]["parameters"])
-    # A description of its own: a grammar no earlier test sent, so the first turn compiles it.
-    parameters["properties"]["city"]["description"] = f"The city ({uuid.uuid4().hex})."
-    tool = {"type": "function", "name": "get_weather", "parameters": parameters, "strict": True}
+    # The tool and prompt of test_a_strict_tool_call_follows_its_parameters: what the fixture was
+    # trained on (a tool it has not seen makes it ramble past any budget).
+    parameters = GET_WEATHER_TOOL["function"]["parameters"]
+    tool = {
+        "type": "function",
+        "name": "get_weather",
+        "description": "Get the current weather for a city.",
+        "parameters": parameters,
+        "strict": True,
+    }
     before = _grammar_checks(stack)
     for _ in range(3):
         response = client.responses.create(
@@ -185,7 +190,9 @@ def test_an_agent_resending_its_strict_tools_has_them_compiled_once(stack: Stack
         calls = [item for item in response.output if item.type == "function_call"]
         assert calls and all(follows(call.arguments, parameters) for call in calls), response.output
     after = _grammar_checks(stack)
-    assert (after["compiled"] - before["compiled"], after["remembered"] - before["remembered"]) == (1, 2)
+    compiled = after["compiled"] - before["compiled"]
+    remembered = after["remembered"] - before["remembered"]
+    assert compiled + remembered == 3 and compiled <= 1, (compiled, remembered)
 
 
 @pytest.mark.parametrize(
