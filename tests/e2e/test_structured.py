@@ -130,16 +130,20 @@ def test_json_object_format(client: OpenAI) -> None:
         assert response.status == "incomplete" and response.output_text.startswith("{")
 
 
+WEATHER_TOOL_PARAMETERS: dict[str, Any] = GET_WEATHER_TOOL["function"]["parameters"]
+STRICT_WEATHER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Get the current weather for a city.",
+    "parameters": WEATHER_TOOL_PARAMETERS,
+    "strict": True,
+}
+"""The fixture's own tool (it answers it from memory, and a tool it was not trained on makes it
+ramble past any budget), strict: the grammar checks every call."""
+
+
 def test_a_strict_tool_call_follows_its_parameters(client: OpenAI) -> None:
-    # The fixture's own tool (it answers it from memory); strict makes the grammar check every call.
-    parameters = GET_WEATHER_TOOL["function"]["parameters"]
-    tool = {
-        "type": "function",
-        "name": "get_weather",
-        "description": "Get the current weather for a city.",
-        "parameters": parameters,
-        "strict": True,
-    }
+    parameters, tool = WEATHER_TOOL_PARAMETERS, STRICT_WEATHER_TOOL
     for choice in ("auto", "required", {"type": "function", "name": "get_weather"}):
         response = client.responses.create(
             model=FIXTURE,
@@ -168,16 +172,7 @@ def test_an_agent_resending_its_strict_tools_has_them_compiled_once(stack: Stack
     may have sent the same grammar), and every turn's calls still follow it (the GPU worker
     constrains each one)."""
     client = stack.client()
-    # The tool and prompt of test_a_strict_tool_call_follows_its_parameters: what the fixture was
-    # trained on (a tool it has not seen makes it ramble past any budget).
-    parameters = GET_WEATHER_TOOL["function"]["parameters"]
-    tool = {
-        "type": "function",
-        "name": "get_weather",
-        "description": "Get the current weather for a city.",
-        "parameters": parameters,
-        "strict": True,
-    }
+    parameters, tool = WEATHER_TOOL_PARAMETERS, STRICT_WEATHER_TOOL
     before = _grammar_checks(stack)
     for _ in range(3):
         response = client.responses.create(
