@@ -155,16 +155,25 @@ class Socket:
     async def _read(self) -> None:
         try:
             while True:
-                text = await self._websocket.receive_text()
+                message = await self._websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
                 try:
+                    # A binary frame is read as UTF-8 text (some clients send their JSON that way;
+                    # Starlette's receive_text() raised KeyError on one, which ended this reader and
+                    # left the socket unanswered until its time limit).
+                    text = message.get("text")
+                    if text is None:
+                        text = (message.get("bytes") or b"").decode()
                     # Parsed as FastAPI parses an HTTP body (integers of any size stay integers), so
                     # that a message and a body are refused for the same numbers (check_raw_body).
                     await self._messages.put(json.loads(text))
-                except (ValueError, RecursionError):  # not JSON; nested past the parser's recursion
+                except (ValueError, RecursionError):  # not UTF-8 or not JSON; nested past recursion
                     await self._messages.put(None)  # answered with invalid_json, in its turn
         except (WebSocketDisconnect, RuntimeError):
-            self._closed.set()
-            await self._messages.put(CLOSED)
+            pass
+        self._closed.set()
+        await self._messages.put(CLOSED)
 
     async def _handle(self, message: Any) -> None:
         stream_id = message.get("stream_id") if isinstance(message, dict) else None

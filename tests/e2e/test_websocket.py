@@ -97,6 +97,11 @@ def test_background_and_non_objects_are_refused_on_the_socket(stack: Stack) -> N
         assert '"param":"background"' in str(socket.recv(timeout=30))
         socket.send("not json")
         assert '"code":"invalid_json"' in str(socket.recv(timeout=30))
+        # A binary frame is read as UTF-8 JSON (it used to end the socket's reader: no answer, ever).
+        socket.send(b'{"type": "response.create", "model": "fixture", "input": "Hi", "background": true}')
+        assert '"param":"background"' in str(socket.recv(timeout=30))
+        socket.send(b"\xff\xfe not UTF-8")
+        assert '"code":"invalid_json"' in str(socket.recv(timeout=30))
         socket.send("[" * 100_000)  # deeper than any JSON parser recurses
         assert '"code":"invalid_json"' in str(socket.recv(timeout=30))
         socket.send('{"type": "session.update"}')

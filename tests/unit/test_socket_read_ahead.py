@@ -24,10 +24,10 @@ class _FloodingClient:
     def __init__(self) -> None:
         self.read = 0
 
-    async def receive_text(self) -> str:
+    async def receive(self) -> dict[str, Any]:
         self.read += 1
         await asyncio.sleep(0)
-        return MESSAGE
+        return {"type": "websocket.receive", "text": MESSAGE}
 
 
 def test_a_flooding_client_is_read_only_a_few_messages_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
