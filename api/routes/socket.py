@@ -172,6 +172,8 @@ class Socket:
                     await self._messages.put(None)  # answered with invalid_json, in its turn
         except (WebSocketDisconnect, RuntimeError):
             pass
+        except Exception:  # a bug here must close the socket, never leave it unanswered
+            log.exception("reading a WebSocket failed; closing it")
         self._closed.set()
         await self._messages.put(CLOSED)
 

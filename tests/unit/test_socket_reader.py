@@ -1,7 +1,9 @@
-"""A WebSocket that pipelines requests is read only a few messages ahead (``api/routes/socket.py``).
+"""The WebSocket's reader (``api/routes/socket.py``): a few messages ahead at most, and never a
+socket left unanswered when reading fails.
 
-The socket object is real; the client side is a fake that always has another message ready
-(a client flooding the socket), and handling a message blocks (a response streaming).
+The socket object is real; the client side is a fake (one that always has another message ready,
+a client flooding the socket; one whose reads fail), and handling a message blocks (a response
+streaming).
 """
 
 from __future__ import annotations
@@ -55,3 +57,20 @@ def test_a_flooding_client_is_read_only_a_few_messages_ahead(monkeypatch: pytest
     assert len(handled) == 1
     # The one being handled, the queue full, and the one the reader holds waiting for room.
     assert client.read == 1 + socket_route.MESSAGES_AHEAD + 1
+
+
+class _BrokenClient:
+    """A client whose socket cannot be read (a bug in the reading path, not a disconnect)."""
+
+    async def receive(self) -> dict[str, Any]:
+        raise KeyError("text")
+
+
+def test_a_reader_that_fails_ends_the_socket_instead_of_leaving_it_unanswered() -> None:
+    state: Any = SimpleNamespace(settings=SimpleNamespace(websocket_max_s=3600.0))
+
+    async def scenario() -> None:
+        # Within its hour, the socket is served until its reader says it closed.
+        await asyncio.wait_for(socket_route.Socket(_BrokenClient(), state, ANONYMOUS).serve(), 5)  # type: ignore[arg-type]
+
+    asyncio.run(scenario())
