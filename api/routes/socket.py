@@ -212,6 +212,7 @@ class Socket:
                 await forget_unstored(self._state, accepted.response_id)
             return streaming.result()
         streaming.cancel()
+        streaming.add_done_callback(_relay_ended)
         log.info("socket closed while %s streamed", accepted.response_id)
         await client_left(self._state, accepted)
         return None
@@ -238,6 +239,20 @@ class Socket:
         except (WebSocketDisconnect, RuntimeError):
             self._closed.set()
             raise
+
+
+def _relay_ended(relay: asyncio.Task[Any]) -> None:
+    """Take the end of a relay whose socket closed (asyncio logs an end nobody took as an error).
+
+    A send that met the closed socket is how such a relay usually ends: every client that closed
+    its socket mid-stream logged "Task exception was never retrieved" with two tracebacks.
+    Anything else is a fault of the relay, logged as one.
+    """
+    if relay.cancelled():
+        return
+    error = relay.exception()
+    if error is not None and not isinstance(error, WebSocketDisconnect | RuntimeError):
+        log.error("relaying to a closed socket failed", exc_info=error)
 
 
 @router.websocket("/responses")

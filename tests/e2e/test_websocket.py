@@ -88,6 +88,30 @@ def test_a_socket_closed_mid_stream_cancels_its_generation(stack: Stack) -> None
     assert final.status == "cancelled"
 
 
+def test_sockets_closed_right_after_a_request_log_no_errors(stack: Stack) -> None:
+    """Closing a socket while its response streams is a client's right, not a server error: the
+    relay that meets the closed socket ends quietly (each such close logged an asyncio error with
+    two tracebacks before)."""
+    url = stack.base_url.replace("http://", "ws://") + "/v1/responses"
+    log_path = stack.api.log_path
+    logged_before = len(log_path.read_text(errors="replace"))
+    request = {
+        "type": "response.create",
+        "model": MODEL,
+        "input": "Repeat forever.",
+        "max_output_tokens": 200,
+    }
+    for _ in range(10):
+        with websockets.sync.client.connect(
+            url, additional_headers={"Authorization": "Bearer sk-test"}
+        ) as socket:
+            socket.send(json.dumps(request))  # and closed at once: the relay's first sends meet it
+    time.sleep(2)  # each cancelled generation ends; the API logs what it logs
+    logged = log_path.read_text(errors="replace")[logged_before:]
+    assert logged.count("generation cancelled") + logged.count("socket closed while") > 0, logged[-2000:]
+    assert "Traceback" not in logged and "never retrieved" not in logged, logged[-4000:]
+
+
 def test_background_and_non_objects_are_refused_on_the_socket(stack: Stack) -> None:
     url = stack.base_url.replace("http://", "ws://") + "/v1/responses"
     with websockets.sync.client.connect(
