@@ -130,3 +130,11 @@ def test_nothing_connects_before_first_use_and_a_step_never_run_sends_nothing(
     assert messages.connected
     pipe.reset()  # the request failed before its step ran: no message for a response never recorded
     assert r.llen(keys.POSTPROCESS_QUEUE) == 0
+
+
+def test_a_lost_broker_connection_does_not_cancel_running_tasks() -> None:
+    """Pinned ahead of Celery 6, whose default flips: the Redis-restart fault tests
+    (tests/e2e/test_faults.py) prove resq with running tasks left alone."""
+    app = make_celery(Settings(redis_url="redis://127.0.0.1:6379/15"))
+    assert app.conf.worker_cancel_long_running_tasks_on_connection_loss is False
+    assert (app.conf.task_serializer, app.conf.accept_content) == ("json", ["json"])
