@@ -6,7 +6,8 @@ agent offers the same strict tools every turn; :class:`resq.grammars.AcceptedGra
 grammars a vocabulary accepted, so only the first turn compiles. Each round times, for each tool
 count, one turn's check both ways, in an order rotated between rounds (:func:`bench.stats.alternated`):
 
-- ``compiled``: the check as every turn ran it before (a fresh memo: llguidance compiles);
+- ``compiled``: the check as every turn ran it before (:func:`resq.grammars.check_grammar`: llguidance
+  compiles);
 - ``remembered``: the same grammar through a memo that accepted it on an earlier turn.
 
 The grammar is the one resq builds for the tools (:func:`resq.grammars.build_grammar`, Qwen3 reasoning
@@ -37,6 +38,7 @@ from resq.grammars import (
     CallsShape,
     ReasoningMarkup,
     build_grammar,
+    check_grammar,
 )
 
 CHECKS_PER_SAMPLE = 20
@@ -77,11 +79,6 @@ def tools_grammar(count: int) -> str:
     return grammar
 
 
-def compile_fresh(vocabulary: LLTokenizer, grammar: str) -> bool:
-    """The check as every turn ran it before: nothing remembered, so llguidance compiles."""
-    return AcceptedGrammars(vocabulary).check(grammar)
-
-
 def seconds_per_check(check: Callable[[], object]) -> float:
     started = time.perf_counter()
     for _ in range(CHECKS_PER_SAMPLE):
@@ -108,7 +105,7 @@ def main(rounds: int, tool_counts: str) -> None:
         warm = AcceptedGrammars(vocabulary)
         warm.check(grammar)
         systems: dict[str, Callable[[], object]] = {
-            "compiled": partial(compile_fresh, vocabulary, grammar),
+            "compiled": partial(check_grammar, grammar, vocabulary),
             "remembered": partial(warm.check, grammar),
         }
         samples: dict[str, list[float]] = {name: [] for name in systems}

@@ -13,35 +13,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from openai import OpenAI
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import MODEL, Stack
 from tests.support.invariants import as_dict, check_stream
+from tests.support.metrics import Samples, scrape, value
 from tests.support.processes import ProcessGroup, RoleProcess, free_port, wait_until
 
 pytestmark = pytest.mark.e2e
 
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 EVENTUALLY_S = 60.0
 DELTA_TYPES = {"response.output_text.delta", "response.reasoning_text.delta"}
-
-
-def scrape(url: str) -> Samples:
-    """Every sample of a Prometheus endpoint, by name and labels."""
-    reply = httpx.get(url, timeout=10)
-    reply.raise_for_status()
-    samples: Samples = {}
-    for family in text_string_to_metric_families(reply.text):
-        for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return samples
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 def api_metrics(stack: Stack) -> str:

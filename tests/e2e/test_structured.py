@@ -16,18 +16,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
-import httpx
 import lark
 import openai
 import pytest
 import redis
 from agents import Agent, ModelSettings, OpenAIResponsesModel, RunConfig, Runner
 from openai import AsyncOpenAI, OpenAI
-from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
 from tests.e2e.conftest import Stack, start_stack
 from tests.fixture_model.scenarios import GET_WEATHER_TOOL
+from tests.support.metrics import scrape, value
 from tests.support.processes import START_TIMEOUT_S, ProcessGroup, model_registered, wait_until
 from tests.support.schemas import SCHEMAS, WEATHER_PARAMETERS, follows
 
@@ -158,22 +157,13 @@ def test_a_strict_tool_call_follows_its_parameters(client: OpenAI) -> None:
         assert calls[0].name == "get_weather"
 
 
-def _grammar_checks(stack: Stack) -> dict[str, float]:
-    counts = {"compiled": 0.0, "remembered": 0.0}
-    for family in text_string_to_metric_families(httpx.get(f"{stack.base_url}/metrics", timeout=30).text):
-        for sample in family.samples:
-            if sample.name == "resq_grammar_checks_total":
-                counts[sample.labels["result"]] = sample.value
-    return counts
-
-
 def test_an_agent_resending_its_strict_tools_has_them_compiled_once(stack: Stack) -> None:
     """Turn after turn the same tools: the API compiles their grammar at most once (an earlier test
     may have sent the same grammar), and every turn's calls still follow it (the GPU worker
     constrains each one)."""
     client = stack.client()
     parameters, tool = WEATHER_TOOL_PARAMETERS, STRICT_WEATHER_TOOL
-    before = _grammar_checks(stack)
+    before = scrape(f"{stack.base_url}/metrics")
     for _ in range(3):
         response = client.responses.create(
             model=FIXTURE,
@@ -184,9 +174,12 @@ def test_an_agent_resending_its_strict_tools_has_them_compiled_once(stack: Stack
         )
         calls = [item for item in response.output if item.type == "function_call"]
         assert calls and all(follows(call.arguments, parameters) for call in calls), response.output
-    after = _grammar_checks(stack)
-    compiled = after["compiled"] - before["compiled"]
-    remembered = after["remembered"] - before["remembered"]
+    after = scrape(f"{stack.base_url}/metrics")
+    compiled, remembered = (
+        value(after, "resq_grammar_checks_total", result=result)
+        - value(before, "resq_grammar_checks_total", result=result)
+        for result in ("compiled", "remembered")
+    )
     assert compiled + remembered == 3 and compiled <= 1, (compiled, remembered)
 
 
