@@ -51,7 +51,7 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.continuous_batching.continuous_api import BackgroundThreadStatus
 from transformers.generation.continuous_batching.requests import GenerationOutput, RequestStatus
 
-from gpu_worker import prefix_cache, raw_logprobs, sampling_step
+from gpu_worker import decode_attention, prefix_cache, raw_logprobs, sampling_step
 from gpu_worker.constraints import GrammarConstraints, GrammarRefusedError
 from gpu_worker.model_loading import LoadedModel
 from gpu_worker.penalties import Penalties
@@ -123,6 +123,9 @@ class Engine:
         raw_logprobs.install()
         sampling_step.install()
         prefix_cache.install()
+        decode_attention.install()
+        # Per model: the cache transformers builds reads this flag from the model's text config.
+        decode_attention.enable(loaded.model.config.get_text_config(), settings.decode_attention)
         self._vocab_size = int(loaded.model.config.get_text_config().vocab_size)
         self.eos_token_ids = frozenset(loaded.card.eos_token_ids)
         self.context_length = loaded.card.context_length

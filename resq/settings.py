@@ -99,6 +99,14 @@ class Settings(BaseSettings):
             "block sharing), and `usage.input_tokens_details.cached_tokens` reports the tokens it reused."
         ),
     )
+    decode_attention: bool = Field(
+        True,
+        description=(
+            "On a CPU without a flash kernel, decode steps attend each request to its own keys instead of "
+            "the whole batch's keys under a block mask (gpu_worker/decode_attention.py); false keeps "
+            "transformers' path."
+        ),
+    )
     seed: int | None = Field(None, description="Sampling seed of the engine; unset: random.")
     logprobs: bool = Field(
         True,

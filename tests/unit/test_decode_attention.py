@@ -1,0 +1,130 @@
+"""The per-sequence decode attention (gpu_worker/decode_attention.py) is transformers' attention.
+
+Against transformers' own packed ``sdpa`` call (every request's keys in one run, the
+block-diagonal mask transformers builds) on batches of mixed lengths, and end to end:
+the engine's greedy tokens and their logprobs on the fixture model are the same with
+the padded path on and off, and the padded path did run when on.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers.generation.continuous_batching.utils import build_attention_mask
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from gpu_worker import decode_attention
+from gpu_worker.engine import Engine
+from gpu_worker.model_loading import LoadedModel, load_model
+from resq.settings import Settings
+from tests.fixture_model import ensure_fixture_model
+from tests.support.engine import chat_prompt_ids, greedy_job, run_batch
+
+
+class _Attention(torch.nn.Module):
+    """What transformers' ``sdpa_attention_forward`` reads of its module."""
+
+    def __init__(self, groups: int) -> None:
+        super().__init__()
+        self.num_key_value_groups = groups
+        self.is_causal = True
+
+
+def _packed_and_padded(
+    lengths: list[int], heads: int, kv_heads: int, head_dim: int = 16
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' packed attention and the padded one, for one decode step over ``lengths`` keys."""
+    generator = torch.Generator().manual_seed(len(lengths) * 31 + heads)
+    sequences = len(lengths)
+    cumulative = [0]
+    for length in lengths:
+        cumulative.append(cumulative[-1] + length)
+    query = torch.randn(1, heads, sequences, head_dim, generator=generator)
+    key = torch.randn(1, kv_heads, cumulative[-1], head_dim, generator=generator)
+    value = torch.randn(1, kv_heads, cumulative[-1], head_dim, generator=generator)
+    # As transformers prepares it: filled with the dtype's minimum, then the blocks opened.
+    mask = torch.full((1, 1, sequences, cumulative[-1]), torch.finfo(torch.float32).min)
+    build_attention_mask(mask, list(range(sequences + 1)), cumulative)
+    packed, _ = sdpa_attention_forward(_Attention(heads // kv_heads), query, key, value, mask, scaling=0.25)
+
+    longest = max(lengths)
+    valid = torch.zeros(sequences, longest, dtype=torch.bool)
+    padded_key = torch.zeros(sequences, kv_heads, longest, head_dim)
+    padded_value = torch.zeros(sequences, kv_heads, longest, head_dim)
+    for index, length in enumerate(lengths):
+        start = cumulative[index]
+        valid[index, :length] = True
+        padded_key[index, :, :length] = key[0, :, start : start + length]
+        padded_value[index, :, :length] = value[0, :, start : start + length]
+    attention = decode_attention.wrap_attention(sdpa_attention_forward)
+    padded, _ = attention(
+        _Attention(heads // kv_heads),
+        query,
+        padded_key,
+        padded_value,
+        None,
+        scaling=0.25,
+        is_causal=False,
+        **{decode_attention.VALID_KEYS: valid},
+    )
+    return packed, padded
+
+
+@pytest.mark.parametrize(("sequences", "heads", "kv_heads"), [(1, 4, 4), (5, 4, 2), (32, 8, 2), (17, 6, 1)])
+def test_padded_attention_is_the_packed_attention(sequences: int, heads: int, kv_heads: int) -> None:
+    rng = random.Random(sequences)
+    lengths = [rng.randint(1, 300) for _ in range(sequences)]
+    packed, padded = _packed_and_padded(lengths, heads, kv_heads)
+    assert padded.shape == packed.shape == (1, sequences, heads, 16)
+    torch.testing.assert_close(padded, packed, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def loaded() -> LoadedModel:
+    return load_model(Settings(model=str(ensure_fixture_model()), device="cpu"))
+
+
+def _generate(loaded: LoadedModel, padded: bool) -> tuple[dict[str, tuple[list[int], list[float]]], bool]:
+    """Greedy tokens and logprobs of a mixed batch; whether the padded read ran."""
+    settings = Settings(
+        model=str(ensure_fixture_model()),
+        device="cpu",
+        kv_cache_tokens=4096,
+        kv_page_size=16,
+        logprobs=True,
+        decode_attention=padded,
+    )
+    engine = Engine(loaded, settings)
+    engine.start()
+    try:
+        texts = [
+            "Hi.",
+            "What is the weather like in Paris today?",
+            "Tell me a story " * 12,
+            "Count: 1 2 3 4 5 6",
+        ]
+        jobs = [
+            greedy_job(f"resp_{index}", chat_prompt_ids(loaded, text), 24) for index, text in enumerate(texts)
+        ]
+        outputs = run_batch(engine, jobs)
+        cache = engine._manager.batch_processor.cache
+        ran = getattr(cache, "_resq_decode_plan", None) is not None
+    finally:
+        engine.stop()
+    assert set(outputs) == {job.response_id for job in jobs}
+    return {
+        request_id: (list(output.generated_tokens), [float(value) for value in output.logprobs or []])
+        for request_id, output in outputs.items()
+    }, ran
+
+
+def test_the_engine_decodes_the_same_with_the_padded_path(loaded: LoadedModel) -> None:
+    stock, stock_ran = _generate(loaded, padded=False)
+    padded, padded_ran = _generate(loaded, padded=True)
+    assert not stock_ran and padded_ran
+    for request_id, (tokens, logprobs) in stock.items():
+        assert padded[request_id][0] == tokens, request_id
+        assert len(logprobs) == len(tokens) > 0
+        assert padded[request_id][1] == pytest.approx(logprobs, abs=1e-4), request_id
