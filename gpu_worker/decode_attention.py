@@ -150,8 +150,12 @@ def wrap_update(stock: CacheUpdate) -> CacheUpdate:
         v_cache.index_copy_(0, write_index, value_states[0].transpose(0, 1))
         slots, valid = _padded_slots(cache, read_index, kwargs["cu_seq_lens_k"], kwargs["max_length_k"])
         kwargs[VALID_KEYS] = valid
-        # [B, max_keys, kv_heads, head_dim] seen as [B, kv_heads, max_keys, head_dim].
-        return k_cache[slots].transpose(1, 2), v_cache[slots].transpose(1, 2)
+        # [B, max_keys, kv_heads, head_dim] seen as [B, kv_heads, max_keys, head_dim]. A flat
+        # index_select: indexing with the 2-D slots directly took 5x as long on a CPU.
+        padded_shape = (*slots.shape, *k_cache.shape[1:])
+        keys = torch.index_select(k_cache, 0, slots.view(-1)).view(padded_shape)
+        values = torch.index_select(v_cache, 0, slots.view(-1)).view(padded_shape)
+        return keys.transpose(1, 2), values.transpose(1, 2)
 
     setattr(update, _MARK, True)
     return update
