@@ -10,7 +10,7 @@ CLIENTS_STAMP := $(CLIENTS)/node_modules/.installed-stamp
 # host PyPI's default Linux wheel (CUDA) is the one wanted.
 TORCH := torch==2.13.0
 
-.PHONY: install clients run test test-clients test-fast lint format clean lock docs compose-config bench bench-quick bench-structured bench-affinity bench-agent bench-interval bench-placement bench-transport bench-relay bench-grammar fuzz soak
+.PHONY: install clients run test test-clients test-fast lint format clean lock docs compose-config bench bench-quick bench-structured bench-affinity bench-agent bench-interval bench-placement bench-transport bench-relay bench-grammar bench-attention fuzz soak
 
 install: $(STAMP)
 
@@ -70,6 +70,9 @@ bench-affinity: install  ## 16 concurrent agent loops on 2 GPU workers vs 1: aff
 
 bench-interval: install  ## The stream interval A/B (RESQ_STREAM_INTERVAL_MS 0 vs 50): tok/s and CPU per token, paired per round (~4 min)
 	$(BIN)/python -m bench.stream_interval $(BENCH_ARGS)
+
+bench-attention: install  ## The GPU worker's decode attention, per request vs transformers' packed call: tok/s and CPU per token, paired per round (~4 min)
+	$(BIN)/python -m bench.decode_attention $(BENCH_ARGS)
 
 bench-placement: install  ## Post-process workers vs inline post-processing in the API: tok/s and CPU per token, paired per round (~4 min)
 	$(BIN)/python -m bench.placement $(BENCH_ARGS)

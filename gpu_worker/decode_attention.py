@@ -139,17 +139,22 @@ def wrap_update(stock: CacheUpdate) -> CacheUpdate:
         allocator = cache.layer_to_allocator[layer_idx]
         if not _takes_padded_read(allocator, cache, kwargs):
             return stock(cache, key_states, value_states, layer_idx, kwargs)
-        # What transformers' update selects for the layer, as it would.
-        kwargs["cu_seq_lens_k"] = kwargs["cu_seq_lens_k"][allocator.layer_type].to(torch.int32)
-        kwargs["max_length_k"] = kwargs["max_length_k"][allocator.layer_type]
+        cu_seq_lens_k: torch.Tensor = kwargs["cu_seq_lens_k"][allocator.layer_type]
+        max_length_k: int = kwargs["max_length_k"][allocator.layer_type]
         read_index: torch.Tensor = kwargs["read_index"][allocator.index]
+        plan = _plan(cache, read_index, cu_seq_lens_k, max_length_k)
+        if plan is None:
+            return stock(cache, key_states, value_states, layer_idx, kwargs)
+        slots, valid = plan
+        # What transformers' update selects for the layer, as it would.
+        kwargs["cu_seq_lens_k"] = cu_seq_lens_k.to(torch.int32)
+        kwargs["max_length_k"] = max_length_k
+        kwargs[VALID_KEYS] = valid
         write_index: torch.Tensor = kwargs["write_index"][allocator.index]
         k_cache, v_cache = allocator._kv_token_views[layer_idx]
         # [1, kv_heads, B, head_dim] -> [B, kv_heads, head_dim], the cache's layout.
         k_cache.index_copy_(0, write_index, key_states[0].transpose(0, 1))
         v_cache.index_copy_(0, write_index, value_states[0].transpose(0, 1))
-        slots, valid = _padded_slots(cache, read_index, kwargs["cu_seq_lens_k"], kwargs["max_length_k"])
-        kwargs[VALID_KEYS] = valid
         # [B, max_keys, kv_heads, head_dim] seen as [B, kv_heads, max_keys, head_dim]. A flat
         # index_select: indexing with the 2-D slots directly took 5x as long on a CPU.
         padded_shape = (*slots.shape, *k_cache.shape[1:])
@@ -187,20 +192,40 @@ def _takes_padded_read(
     )
 
 
-def _padded_slots(
+def padding_pays(requests: int, longest: int, total_keys: int) -> bool:
+    """Whether a padded read of ``requests`` rows of ``longest`` keys beats the packed call.
+
+    The packed call scores every query against all ``total_keys`` keys; the padded one
+    gathers and scores ``requests x longest`` keys, of which ``total_keys`` are real. With
+    lengths alike the padding is small and the padded call wins by about the batch size;
+    with one long request among short ones it gathers mostly padding and loses (10x slower
+    for one request of 4,000 keys beside 31 of 30, on this project's 2-core CPU). Measured
+    there, the padded call won while the padded keys stayed within ``1 + requests / 10``
+    times the real ones (32 requests: up to 4.2x; 8 requests: 1.8x).
+    """
+    return 10 * requests * longest <= total_keys * (10 + requests)
+
+
+def _plan(
     cache: PagedAttentionCache, read_index: torch.Tensor, cu_seq_lens_k: torch.Tensor, max_length_k: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The padded read's cache slots and mask for this step, or None where padding does not pay."""
     # The same for every layer of a step: computed by the first, kept for the others
     # (the step's index tensors are the same objects in every layer's arguments).
-    plan: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = getattr(cache, _PLAN, None)
-    if plan is not None and plan[0] is read_index and plan[1] is cu_seq_lens_k:
-        return plan[2], plan[3]
-    starts = cu_seq_lens_k[:-1].to(torch.long)
-    lengths = cu_seq_lens_k[1:].to(torch.long) - starts
-    offsets = torch.arange(max_length_k, device=read_index.device)
-    valid = offsets.unsqueeze(0) < lengths.unsqueeze(1)
-    # Padding reads each request's first key again; the mask leaves it out.
-    positions = torch.where(valid, starts.unsqueeze(1) + offsets.unsqueeze(0), starts.unsqueeze(1))
-    slots = read_index[positions]
-    setattr(cache, _PLAN, (read_index, cu_seq_lens_k, slots, valid))
-    return slots, valid
+    kept: tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None] | None = getattr(
+        cache, _PLAN, None
+    )
+    if kept is not None and kept[0] is read_index and kept[1] is cu_seq_lens_k:
+        return kept[2]
+    plan: tuple[torch.Tensor, torch.Tensor] | None = None
+    requests = cu_seq_lens_k.shape[0] - 1
+    if padding_pays(requests, max_length_k, read_index.numel()):
+        starts = cu_seq_lens_k[:-1].to(torch.long)
+        lengths = cu_seq_lens_k[1:].to(torch.long) - starts
+        offsets = torch.arange(max_length_k, device=read_index.device)
+        valid = offsets.unsqueeze(0) < lengths.unsqueeze(1)
+        # Padding reads each request's first key again; the mask leaves it out.
+        positions = torch.where(valid, starts.unsqueeze(1) + offsets.unsqueeze(0), starts.unsqueeze(1))
+        plan = read_index[positions], valid
+    setattr(cache, _PLAN, (read_index, cu_seq_lens_k, plan))
+    return plan

@@ -540,6 +540,18 @@ def test_the_placement_table_pairs_inline_with_the_workers_per_round() -> None:
     assert system_name(1) == "1 post-process worker"
 
 
+def test_the_attention_bench_runs_its_baseline_with_the_setting_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench.decode_attention import CONFIGURATIONS
+    from resq.settings import Settings
+
+    (packed_name, packed), (per_request_name, per_request) = CONFIGURATIONS.items()
+    assert "packed" in packed_name and "per-request" in per_request_name
+    assert "gpu_worker_env" not in per_request and Settings().decode_attention
+    for name, value in packed["gpu_worker_env"].items():
+        monkeypatch.setenv(name, value)
+    assert not Settings().decode_attention
+
+
 def test_the_versus_table_pairs_this_checkout_with_the_base_per_round() -> None:
     from bench.versus import HERE, SCENARIO, versus_table
 

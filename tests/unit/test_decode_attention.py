@@ -9,6 +9,7 @@ the padded path on and off, and the padded path did run when on.
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 import torch
@@ -86,8 +87,10 @@ def loaded() -> LoadedModel:
     return load_model(Settings(model=str(ensure_fixture_model()), device="cpu"))
 
 
-def _generate(loaded: LoadedModel, padded: bool) -> tuple[dict[str, tuple[list[int], list[float]]], bool]:
-    """Greedy tokens and logprobs of a mixed batch; whether the padded read ran."""
+def _generate(
+    loaded: LoadedModel, padded: bool, monkeypatch: pytest.MonkeyPatch
+) -> tuple[dict[str, tuple[list[int], list[float]]], int]:
+    """Greedy tokens and logprobs of a batch of alike prompts; how many steps read padded."""
     settings = Settings(
         model=str(ensure_fixture_model()),
         device="cpu",
@@ -96,35 +99,60 @@ def _generate(loaded: LoadedModel, padded: bool) -> tuple[dict[str, tuple[list[i
         logprobs=True,
         decode_attention=padded,
     )
+    planned = decode_attention._plan
+    padded_steps = 0
+
+    def counting(*args: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+        nonlocal padded_steps
+        plan = planned(*args)
+        padded_steps += plan is not None
+        return plan
+
+    monkeypatch.setattr(decode_attention, "_plan", counting)
     engine = Engine(loaded, settings)
     engine.start()
     try:
+        # Lengths alike, as padding pays only then; not equal, so that padding is masked.
         texts = [
-            "Hi.",
             "What is the weather like in Paris today?",
-            "Tell me a story " * 12,
-            "Count: 1 2 3 4 5 6",
+            "What is the weather like in Rome, please?",
+            "Tell me what the weather is in Oslo now.",
+            "Weather in Lima?",
+            "What will the weather be like in Madrid tomorrow morning, roughly?",
         ]
         jobs = [
             greedy_job(f"resp_{index}", chat_prompt_ids(loaded, text), 24) for index, text in enumerate(texts)
         ]
         outputs = run_batch(engine, jobs)
-        cache = engine._manager.batch_processor.cache
-        ran = getattr(cache, "_resq_decode_plan", None) is not None
     finally:
         engine.stop()
+        monkeypatch.undo()
     assert set(outputs) == {job.response_id for job in jobs}
     return {
         request_id: (list(output.generated_tokens), [float(value) for value in output.logprobs or []])
         for request_id, output in outputs.items()
-    }, ran
+    }, padded_steps
 
 
-def test_the_engine_decodes_the_same_with_the_padded_path(loaded: LoadedModel) -> None:
-    stock, stock_ran = _generate(loaded, padded=False)
-    padded, padded_ran = _generate(loaded, padded=True)
-    assert not stock_ran and padded_ran
+def test_the_engine_decodes_the_same_with_the_padded_path(
+    loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stock, stock_steps = _generate(loaded, False, monkeypatch)
+    padded, padded_steps = _generate(loaded, True, monkeypatch)
+    assert stock_steps == 0 and padded_steps > 0
     for request_id, (tokens, logprobs) in stock.items():
         assert padded[request_id][0] == tokens, request_id
         assert len(logprobs) == len(tokens) > 0
         assert padded[request_id][1] == pytest.approx(logprobs, abs=1e-4), request_id
+
+
+def test_padding_pays_for_alike_lengths_only() -> None:
+    # 32 requests of 280 keys: no padding at all.
+    assert decode_attention.padding_pays(32, 280, 32 * 280)
+    # 32 requests of 1-300 keys: about half the padded keys are real.
+    assert decode_attention.padding_pays(32, 300, 4_400)
+    # One request of 4,000 keys beside 31 of 30: padding would gather 26x the real keys.
+    assert not decode_attention.padding_pays(32, 4_000, 4_000 + 31 * 30)
+    # Small batches allow less padding: 8 requests, one of 1,200 beside 300s.
+    assert not decode_attention.padding_pays(8, 1_200, 2 * 1_200 + 6 * 300)
+    assert decode_attention.padding_pays(4, 2_000, 4 * 2_000)
