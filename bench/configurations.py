@@ -23,7 +23,7 @@ import redis
 from bench import clients, cpu_accounting
 from bench.models import ensure_bench, ensure_tiny
 from bench.procs import ProcGroup
-from bench.report import Table, fmt, fmt_paired
+from bench.report import Table, fmt, fmt_paired, to_markdown
 from bench.results import ResultSet, RunRecord
 from bench.stats import alternated, median
 from bench.systems import HttpSystems, ResqStack
@@ -184,3 +184,24 @@ def measure_configurations(
         group.stop_all()
         for server in servers.values():
             server.stop()
+
+
+def print_configuration_ab(
+    configurations: dict[str, dict[str, Any]],
+    scenario: str,
+    options: tuple[str, int, int, int],
+    title: str,
+    label: str,
+) -> None:
+    """Measure ``configurations`` paired per round and print their table (the first is the base).
+
+    ``options`` are :func:`load_options`' values: model, rounds, clients and tokens.
+    """
+    model, rounds, concurrency, tokens = options
+    results, key = measure_configurations(configurations, scenario, model, rounds, concurrency, tokens)
+    click.echo("")
+    click.echo(
+        to_markdown(
+            configuration_table(results, scenario, list(configurations), key, concurrency, title, label)
+        )
+    )

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import click
 
-from bench.configurations import configuration_table, load_options, measure_configurations
-from bench.report import to_markdown
+from bench.configurations import load_options, print_configuration_ab
 
 SCENARIO = "decode-attention"
 CONFIGURATIONS = {
@@ -33,14 +32,8 @@ CONFIGURATIONS = {
 @load_options(rounds=4)
 def main(model: str, rounds: int, concurrency: int, tokens: int) -> None:
     """Throughput and CPU per token of resq with either decode attention, paired per round."""
-    results, key = measure_configurations(CONFIGURATIONS, SCENARIO, model, rounds, concurrency, tokens)
-    click.echo("")
-    click.echo(
-        to_markdown(
-            configuration_table(
-                results, SCENARIO, list(CONFIGURATIONS), key, concurrency, "Decode attention", "decode attention"
-            )
-        )
+    print_configuration_ab(
+        CONFIGURATIONS, SCENARIO, (model, rounds, concurrency, tokens), "Decode attention", "decode attention"
     )
 
 

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import click
 
-from bench.configurations import configuration_table, load_options, measure_configurations
-from bench.report import to_markdown
+from bench.configurations import load_options, print_configuration_ab
 
 SCENARIO = "transport"
 TRANSPORTS = {"loopback TCP": {}, "Unix socket": {"redis_unix_socket": True}}
@@ -28,14 +27,8 @@ TRANSPORTS = {"loopback TCP": {}, "Unix socket": {"redis_unix_socket": True}}
 @load_options(rounds=4)
 def main(model: str, rounds: int, concurrency: int, tokens: int) -> None:
     """Throughput and CPU per token of resq on Redis over TCP and over a Unix socket, paired per round."""
-    results, key = measure_configurations(TRANSPORTS, SCENARIO, model, rounds, concurrency, tokens)
-    click.echo("")
-    click.echo(
-        to_markdown(
-            configuration_table(
-                results, SCENARIO, list(TRANSPORTS), key, concurrency, "Redis transport", "transport"
-            )
-        )
+    print_configuration_ab(
+        TRANSPORTS, SCENARIO, (model, rounds, concurrency, tokens), "Redis transport", "transport"
     )
 
 
