@@ -156,3 +156,48 @@ def test_padding_pays_for_alike_lengths_only() -> None:
     # Small batches allow less padding: 8 requests, one of 1,200 beside 300s.
     assert not decode_attention.padding_pays(8, 1_200, 2 * 1_200 + 6 * 300)
     assert decode_attention.padding_pays(4, 2_000, 4 * 2_000)
+
+
+def _decode_step(**overrides: Any) -> tuple[Any, Any, dict[str, Any]]:
+    """An allocator, a cache and a layer's arguments that take the padded read; ``overrides`` change one."""
+    from types import SimpleNamespace
+
+    from transformers.generation.continuous_batching.cache_allocators.full_attention import (
+        FullAttentionCacheAllocator,
+    )
+
+    config = SimpleNamespace(_attn_implementation="sdpa")
+    decode_attention.enable(config, overrides.pop("enabled", True))  # type: ignore[arg-type]
+    allocator = object.__new__(overrides.pop("allocator_class", FullAttentionCacheAllocator))
+    allocator.index = 0
+    cache = SimpleNamespace(config=config, device=torch.device(overrides.pop("device", "cpu")))
+    config._attn_implementation = overrides.pop("attn_implementation", "sdpa")
+    kwargs: dict[str, Any] = {
+        "max_length_q": 1,
+        "block_table": None,
+        "read_index": [torch.arange(12)],
+        **overrides,
+    }
+    return allocator, cache, kwargs
+
+
+def test_the_padded_read_is_taken_only_by_cpu_decode_steps_of_full_attention() -> None:
+    from transformers.generation.continuous_batching.cache_allocators.sliding_attention import (
+        SlidingAttentionCacheAllocator,
+    )
+
+    decode_attention.install()
+    allocator, cache, kwargs = _decode_step()
+    assert decode_attention._takes_padded_read(allocator, cache, kwargs)
+    refused: list[dict[str, Any]] = [
+        {"enabled": False},  # RESQ_DECODE_ATTENTION=false
+        {"device": "meta"},  # a device cache: CUDA graphs, flash kernels
+        {"max_length_q": 2},  # a prefill or mixed step
+        {"allocator_class": SlidingAttentionCacheAllocator},  # reads a window, not the whole past
+        {"attn_implementation": "paged|eager"},  # an attention that knows no padded read
+        {"block_table": torch.zeros(1, 1)},  # the flash kernels' decode path
+        {"read_index": [torch.arange(0)]},  # nothing cached to read
+    ]
+    for override in refused:
+        allocator, cache, kwargs = _decode_step(**override)
+        assert not decode_attention._takes_padded_read(allocator, cache, kwargs), override
