@@ -102,9 +102,9 @@ class Settings(BaseSettings):
     decode_attention: bool = Field(
         True,
         description=(
-            "On a CPU without a flash kernel, decode steps attend each request to its own keys instead of "
-            "the whole batch's keys under a block mask (gpu_worker/decode_attention.py); false keeps "
-            "transformers' path."
+            "On a CPU without a flash kernel, the engine attends each request to its own keys instead of "
+            "the whole batch's keys under a block mask, in decode steps and, where it pays, in prefill and "
+            "mixed steps (gpu_worker/decode_attention.py); false keeps transformers' path."
         ),
     )
     seed: int | None = Field(None, description="Sampling seed of the engine; unset: random.")

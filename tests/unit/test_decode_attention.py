@@ -9,6 +9,8 @@ the padded path on and off, and the padded path did run when on.
 from __future__ import annotations
 
 import random
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -87,30 +89,59 @@ def loaded() -> LoadedModel:
     return load_model(Settings(model=str(ensure_fixture_model()), device="cpu"))
 
 
-def _generate(
-    loaded: LoadedModel, padded: bool, monkeypatch: pytest.MonkeyPatch
-) -> tuple[dict[str, tuple[list[int], list[float]]], int]:
-    """Greedy tokens and logprobs of a batch of alike prompts; how many steps read padded."""
-    settings = Settings(
-        model=str(ensure_fixture_model()),
-        device="cpu",
-        kv_cache_tokens=4096,
-        kv_page_size=16,
-        logprobs=True,
-        decode_attention=padded,
+Generated = dict[str, tuple[list[int], list[float]]]
+"""Each request's greedy tokens and their logprobs."""
+
+
+def _started_engine(loaded: LoadedModel, on: bool) -> Engine:
+    engine = Engine(
+        loaded,
+        Settings(
+            model=str(ensure_fixture_model()),
+            device="cpu",
+            kv_cache_tokens=8192,
+            kv_page_size=16,
+            logprobs=True,
+            decode_attention=on,
+        ),
     )
-    planned = decode_attention._plan
-    padded_steps = 0
-
-    def counting(*args: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
-        nonlocal padded_steps
-        plan = planned(*args)
-        padded_steps += plan is not None
-        return plan
-
-    monkeypatch.setattr(decode_attention, "_plan", counting)
-    engine = Engine(loaded, settings)
     engine.start()
+    return engine
+
+
+def _counted(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
+    """Count the calls of ``decode_attention.<name>`` that return something (a one-item list)."""
+    function = getattr(decode_attention, name)
+    count = [0]
+
+    def counting(*args: Any) -> Any:
+        result = function(*args)
+        count[0] += result is not None
+        return result
+
+    monkeypatch.setattr(decode_attention, name, counting)
+    return count
+
+
+def _generated(outputs: dict[str, Any]) -> Generated:
+    return {
+        request_id: (list(output.generated_tokens), [float(value) for value in output.logprobs or []])
+        for request_id, output in outputs.items()
+    }
+
+
+def _assert_same(stock: Generated, other: Generated) -> None:
+    assert set(other) == set(stock)
+    for request_id, (tokens, logprobs) in stock.items():
+        assert other[request_id][0] == tokens, request_id
+        assert len(logprobs) == len(tokens) > 0
+        assert other[request_id][1] == pytest.approx(logprobs, abs=1e-4), request_id
+
+
+def _generate(loaded: LoadedModel, padded: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[Generated, int]:
+    """Greedy tokens and logprobs of a batch of alike prompts; how many steps read padded."""
+    padded_steps = _counted(monkeypatch, "_plan")
+    engine = _started_engine(loaded, padded)
     try:
         # Lengths alike, as padding pays only then; not equal, so that padding is masked.
         texts = [
@@ -128,22 +159,7 @@ def _generate(
         engine.stop()
         monkeypatch.undo()
     assert set(outputs) == {job.response_id for job in jobs}
-    return {
-        request_id: (list(output.generated_tokens), [float(value) for value in output.logprobs or []])
-        for request_id, output in outputs.items()
-    }, padded_steps
-
-
-def test_the_engine_decodes_the_same_with_the_padded_path(
-    loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    stock, stock_steps = _generate(loaded, False, monkeypatch)
-    padded, padded_steps = _generate(loaded, True, monkeypatch)
-    assert stock_steps == 0 and padded_steps > 0
-    for request_id, (tokens, logprobs) in stock.items():
-        assert padded[request_id][0] == tokens, request_id
-        assert len(logprobs) == len(tokens) > 0
-        assert padded[request_id][1] == pytest.approx(logprobs, abs=1e-4), request_id
+    return _generated(outputs), padded_steps[0]
 
 
 def test_padding_pays_for_alike_lengths_only() -> None:
@@ -201,3 +217,119 @@ def test_the_padded_read_is_taken_only_by_cpu_decode_steps_of_full_attention() -
     for override in refused:
         allocator, cache, kwargs = _decode_step(**override)
         assert not decode_attention._takes_padded_read(allocator, cache, kwargs), override
+
+
+def _mixed_step(
+    query_lengths: list[int], key_lengths: list[int], heads: int = 4, kv_heads: int = 2
+) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], dict[str, Any]]:
+    """A packed prefill or mixed step as transformers hands it to ``sdpa``, on a module the engine enabled."""
+    from types import SimpleNamespace
+
+    generator = torch.Generator().manual_seed(sum(query_lengths))
+    query_offsets, key_offsets = [0], [0]
+    for queries, keys in zip(query_lengths, key_lengths, strict=True):
+        query_offsets.append(query_offsets[-1] + queries)
+        key_offsets.append(key_offsets[-1] + keys)
+    query = torch.randn(1, heads, query_offsets[-1], 16, generator=generator)
+    key = torch.randn(1, kv_heads, key_offsets[-1], 16, generator=generator)
+    value = torch.randn(1, kv_heads, key_offsets[-1], 16, generator=generator)
+    mask = torch.full((1, 1, query_offsets[-1], key_offsets[-1]), torch.finfo(torch.float32).min)
+    build_attention_mask(mask, query_offsets, key_offsets)
+    module = _Attention(heads // kv_heads)
+    config = SimpleNamespace()
+    decode_attention.enable(config, True)  # type: ignore[arg-type]
+    module.__dict__["config"] = config  # as a decoder's attention holds its model's text config
+    kwargs = {
+        "cu_seq_lens_q": torch.tensor(query_offsets, dtype=torch.int32),
+        "cu_seq_lens_k": torch.tensor(key_offsets, dtype=torch.int32),
+        "max_length_q": max(query_lengths),
+        "max_length_k": max(key_lengths),
+        "is_causal": False,
+    }
+    return module, (query, key, value, mask), kwargs
+
+
+@pytest.mark.parametrize(
+    ("query_lengths", "key_lengths"),
+    [
+        # An agent's next turn (200 new tokens over its cached history) beside 15 decoding agents.
+        ([1] * 15 + [200], [900] * 15 + [1_100]),
+        # Prefill chunks of 16 requests with cached prefixes, no decoding row.
+        ([16] * 16, [300] * 16),
+        # Decoding rows of unequal lengths beside two prefills.
+        ([1, 1, 120, 1, 40], [300, 20, 900, 600, 40]),
+    ],
+)
+def test_a_mixed_step_attended_per_request_is_the_packed_attention(
+    query_lengths: list[int], key_lengths: list[int]
+) -> None:
+    module, (query, key, value, mask), kwargs = _mixed_step(query_lengths, key_lengths)
+    assert decode_attention._mixed_step_requests(module, query, mask, dict(kwargs)) is not None
+    packed, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.25, **kwargs)
+    attention = decode_attention.wrap_attention(sdpa_attention_forward)
+    split, _ = attention(module, query, key, value, mask, scaling=0.25, **kwargs)
+    torch.testing.assert_close(split, packed, rtol=1e-5, atol=1e-5)
+
+
+def test_small_or_disabled_steps_keep_the_packed_call() -> None:
+    # 64 prefills of 8 tokens: 64 calls cost more than the one packed call's few pairs.
+    module, (query, _, _, mask), kwargs = _mixed_step([8] * 64, [8] * 64)
+    assert decode_attention._mixed_step_requests(module, query, mask, kwargs) is None
+    module, (query, _, _, mask), kwargs = _mixed_step([1] * 15 + [200], [900] * 15 + [1_100])
+    decode_attention.enable(module.config, False)  # type: ignore[arg-type]
+    assert decode_attention._mixed_step_requests(module, query, mask, kwargs) is None
+
+
+def _staggered(loaded: LoadedModel, on: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[Generated, int]:
+    """Four long requests decoding when a fifth arrives (mixed steps); tokens, logprobs, split steps."""
+    split_calls = _counted(monkeypatch, "_attend_per_request")
+    engine = _started_engine(loaded, on)
+    outputs: dict[str, Any] = {}
+    try:
+        history = " ".join(f"note{index}" for index in range(120))
+        first = [
+            greedy_job(f"resp_long_{index}", chat_prompt_ids(loaded, f"{history} Question {index}?"), 32)
+            for index in range(4)
+        ]
+        late = greedy_job("resp_late", chat_prompt_ids(loaded, "Tell me a story " * 20), 8)
+        started: set[str] = set()
+        for job in first:
+            assert engine.acquire_slot(5)
+            engine.add(job)
+        deadline = time.monotonic() + 120
+        while len(outputs) < 5 and time.monotonic() < deadline:
+            for output in engine.next_outputs(0.5):
+                started.add(output.request_id)
+                if output.is_finished():
+                    outputs[output.request_id] = output
+                    engine.forget(output.request_id)
+                    engine.release_slot()
+            if late.response_id not in started and started >= {job.response_id for job in first}:
+                # Every long request is decoding: the late prompt's prefill shares their steps.
+                assert engine.acquire_slot(5)
+                engine.add(late)
+                started.add(late.response_id)
+    finally:
+        engine.stop()
+        monkeypatch.undo()
+    assert len(outputs) == 5
+    return _generated(outputs), split_calls[0]
+
+
+@pytest.mark.parametrize(
+    "workload",
+    [
+        pytest.param(_generate, id="decode steps read padded"),
+        pytest.param(_staggered, id="mixed steps attended per request"),
+    ],
+)
+def test_the_engine_decodes_the_same_with_attention_per_request(
+    loaded: LoadedModel,
+    monkeypatch: pytest.MonkeyPatch,
+    workload: Callable[[LoadedModel, bool, pytest.MonkeyPatch], tuple[Generated, int]],
+) -> None:
+    stock, stock_steps = workload(loaded, False, monkeypatch)
+    per_request, per_request_steps = workload(loaded, True, monkeypatch)
+    # The path under test ran, and only with the setting on.
+    assert stock_steps == 0 and per_request_steps > 0
+    _assert_same(stock, per_request)
