@@ -53,7 +53,9 @@ class Target:
         if self.met is None or self.margin is None:
             return "not measured"
         word = "met" if self.met else "MISSED"
-        return f"{word} ({self.margin * 100:+.0f}%)"
+        percent = self.margin * 100
+        # A miss by a fraction of a percent must not read "-0%".
+        return f"{word} ({percent:+.1f}%)" if abs(percent) < 1 else f"{word} ({percent:+.0f}%)"
 
 
 def fmt(value: float | None, digits: int = 1, unit: str = "") -> str:

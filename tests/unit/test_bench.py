@@ -116,6 +116,9 @@ def test_target_verdicts_say_met_or_missed_and_by_how_much() -> None:
     assert Target("t", 4.0, 5.0, "max").verdict() == "met (+20%)"
     assert Target("t", 15.0, 10.0, "max").verdict() == "MISSED (-50%)"
     assert Target("t", None, 10.0, "max").verdict() == "not measured"
+    # Within a percent of the bound, the sign still shows.
+    assert Target("t", 0.8466, 0.85, "min").verdict() == "MISSED (-0.4%)"
+    assert Target("t", 0.8521, 0.85, "min").verdict() == "met (+0.2%)"
     assert Target("t", 10.0, 10.0, "max").met is True
 
 
