@@ -80,7 +80,7 @@ def install() -> None:
 
 
 def enable(config: PretrainedConfig, on: bool) -> None:
-    """Turn the per-sequence decode path on or off for the caches built from ``config``.
+    """Turn attention per request on or off for the model whose text config is ``config``.
 
     ``config`` is the model's text config, the one transformers builds its paged cache
     from. Off, the wrappers leave every step to transformers.
@@ -167,11 +167,10 @@ def _mixed_step_requests(
     if not isinstance(kwargs.get("max_length_q"), int) or kwargs["max_length_q"] <= 1:
         return None
     # A window or sinks change which keys count: left to the packed call, which knows them.
-    if (
-        attention_mask is None
-        or attention_mask.dim() != 4
-        or getattr(module, "sliding_window", None) is not None
-    ):
+    # (A model with several layer types hands a dict of masks: left to the packed call too.)
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 4:
+        return None
+    if getattr(module, "sliding_window", None) is not None:
         return None
     if any(kwargs.get(name) is not None for name in ("s_aux", "sinks", "softcap", "position_bias")):
         return None

@@ -276,6 +276,8 @@ def test_small_or_disabled_steps_keep_the_packed_call() -> None:
     module, (query, _, _, mask), kwargs = _mixed_step([8] * 64, [8] * 64)
     assert decode_attention._mixed_step_requests(module, query, mask, kwargs) is None
     module, (query, _, _, mask), kwargs = _mixed_step([1] * 15 + [200], [900] * 15 + [1_100])
+    # A model with several layer types hands a dict of masks: the packed call handles it.
+    assert decode_attention._mixed_step_requests(module, query, {"full_attention": mask}, kwargs) is None  # type: ignore[arg-type]
     decode_attention.enable(module.config, False)  # type: ignore[arg-type]
     assert decode_attention._mixed_step_requests(module, query, mask, kwargs) is None
 
