@@ -45,7 +45,8 @@ transformers' path on a CPU too.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeGuard
+from dataclasses import dataclass
+from typing import Any, TypeGuard, TypeVar
 
 import torch
 from transformers import PretrainedConfig
@@ -67,6 +68,9 @@ _ATTENTION = "sdpa"
 _MARK = "_resq_decode_attention"
 _ENABLED = "_resq_decode_attention"
 _PLAN = "_resq_decode_plan"
+_MIXED_PLAN = "_resq_mixed_plan"
+
+T = TypeVar("T")
 
 
 def install() -> None:
@@ -120,22 +124,10 @@ def wrap_attention(stock: AttentionFunction) -> AttentionFunction:
             return _attend_per_request(
                 stock, module, query, key, value, attention_mask, requests, dropout, scaling, kwargs
             ), None
-        sequences, heads, head_dim = key.shape[0], query.shape[1], query.shape[3]
-        # [1, heads, B, head_dim] (one token per sequence) -> [B, heads, 1, head_dim].
-        batched = query[0].transpose(0, 1).unsqueeze(2)
         kwargs["is_causal"] = False
-        attended, weights = stock(
-            module,
-            batched,
-            key,
-            value,
-            valid_keys[:, None, None, :],
-            dropout=dropout,
-            scaling=scaling,
-            **kwargs,
-        )
-        # [B, 1, heads, head_dim] -> [1, B, heads, head_dim], the packed call's shape.
-        return attended.reshape(1, sequences, heads, head_dim), weights
+        attended = _attend_padded(stock, module, query, key, value, valid_keys, dropout, scaling, kwargs)
+        # [B, heads, head_dim] -> [1, B, heads, head_dim], the packed call's shape.
+        return attended.unsqueeze(0), None
 
     setattr(attention, _MARK, True)
     return attention
@@ -148,15 +140,15 @@ project's 2-core CPU (64 prefills of 8 tokens, one call each against one packed 
 
 def _mixed_step_requests(
     module: torch.nn.Module, query: torch.Tensor, attention_mask: torch.Tensor | None, kwargs: dict[str, Any]
-) -> tuple[list[int], list[int]] | None:
-    """The step's query and key offsets per request where attending each on its own pays, else None.
+) -> MixedPlan | None:
+    """The step's plan per request where attending each on its own pays, else None.
 
     A prefill or mixed step (some request with more than one query token) on a CPU, packed
     against a block-diagonal mask: the packed call scores every query token against every
     request's keys. Attended per request instead, each prefill scores its own block and the
     one-token requests go as one padded batch; that pays when the packed call's pairs exceed
     the per-request ones by a quarter, each ``sdpa`` call counted as :data:`MIXED_STEP_CALL_COST`
-    pairs.
+    pairs. Decided once per step: later layers reuse the first one's plan.
     """
     config = getattr(module, "config", None)
     if config is None or not enabled(config) or query.device.type != "cpu" or query.shape[0] != 1:
@@ -174,25 +166,59 @@ def _mixed_step_requests(
         return None
     if any(kwargs.get(name) is not None for name in ("s_aux", "sinks", "softcap", "position_bias")):
         return None
+    plan = _once_per_step(
+        kwargs.get("cache"),
+        _MIXED_PLAN,
+        (cu_seq_lens_q, cu_seq_lens_k),
+        lambda: _mixed_plan(cu_seq_lens_q, cu_seq_lens_k),
+    )
+    # Offsets that do not cover this call's queries (padded inputs): the packed call.
+    return plan if plan is not None and plan.query_offsets[-1] == query.shape[2] else None
+
+
+@dataclass(frozen=True)
+class MixedPlan:
+    """How a prefill or mixed step is attended per request (the same for all its layers)."""
+
+    query_offsets: list[int]
+    key_offsets: list[int]
+    decoding_rows: torch.Tensor | None
+    """The query positions of the one-token requests, None without any."""
+    decoding_keys: torch.Tensor | None
+    """Their keys' positions in the packed run, padded: ``[rows, max_keys]``."""
+    decoding_valid: torch.Tensor | None
+    """Which of those are real: ``[rows, max_keys]``."""
+
+
+def _mixed_plan(cu_seq_lens_q: torch.Tensor, cu_seq_lens_k: torch.Tensor) -> MixedPlan | None:
     query_offsets: list[int] = cu_seq_lens_q.tolist()
     key_offsets: list[int] = cu_seq_lens_k.tolist()
     requests = len(query_offsets) - 1
-    if requests < 2 or query_offsets[-1] != query.shape[2] or len(key_offsets) != requests + 1:
+    if requests < 2 or len(key_offsets) != requests + 1:
         return None
     packed_pairs = query_offsets[-1] * key_offsets[-1]
     split_pairs = 0
-    decoding, longest_decoding = 0, 0
+    decoding: list[int] = []
     for index in range(requests):
         queries = query_offsets[index + 1] - query_offsets[index]
         keys = key_offsets[index + 1] - key_offsets[index]
         if queries == 1:
-            decoding += 1
-            longest_decoding = max(longest_decoding, keys)
+            decoding.append(index)
         else:
             split_pairs += queries * keys + MIXED_STEP_CALL_COST
+    lengths = torch.tensor(
+        [key_offsets[index + 1] - key_offsets[index] for index in decoding], dtype=torch.long
+    )
     if decoding:
-        split_pairs += decoding * longest_decoding + MIXED_STEP_CALL_COST
-    return (query_offsets, key_offsets) if 4 * packed_pairs > 5 * split_pairs else None
+        split_pairs += len(decoding) * int(lengths.max()) + MIXED_STEP_CALL_COST
+    if 4 * packed_pairs <= 5 * split_pairs:
+        return None
+    if not decoding:
+        return MixedPlan(query_offsets, key_offsets, None, None, None)
+    starts = torch.tensor([key_offsets[index] for index in decoding], dtype=torch.long)
+    positions, valid = _padded_positions(starts, lengths)
+    rows = torch.tensor([query_offsets[index] for index in decoding], dtype=torch.long)
+    return MixedPlan(query_offsets, key_offsets, rows, positions, valid)
 
 
 def _attend_per_request(
@@ -202,22 +228,19 @@ def _attend_per_request(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor,
-    offsets: tuple[list[int], list[int]],
+    plan: MixedPlan,
     dropout: float,
     scaling: float | None,
     kwargs: dict[str, Any],
 ) -> torch.Tensor:
     """``stock`` per prefilling request on its own block of the mask, the one-token ones padded."""
-    query_offsets, key_offsets = offsets
-    heads, head_dim = query.shape[1], query.shape[3]
-    attended = query.new_empty(1, query.shape[2], heads, head_dim)
-    decoding: list[int] = []
+    query_offsets, key_offsets = plan.query_offsets, plan.key_offsets
+    attended = query.new_empty(1, query.shape[2], query.shape[1], query.shape[3])
     for index in range(len(query_offsets) - 1):
         q_start, q_end = query_offsets[index], query_offsets[index + 1]
-        k_start, k_end = key_offsets[index], key_offsets[index + 1]
         if q_end - q_start == 1:
-            decoding.append(index)
             continue
+        k_start, k_end = key_offsets[index], key_offsets[index + 1]
         # The request's own block of transformers' mask: its causal (or windowed) part.
         block, _ = stock(
             module,
@@ -230,25 +253,61 @@ def _attend_per_request(
             **kwargs,
         )
         attended[:, q_start:q_end] = block
-    if decoding:
-        rows = torch.tensor([query_offsets[index] for index in decoding])
-        starts = torch.tensor([key_offsets[index] for index in decoding])
-        lengths = torch.tensor([key_offsets[index + 1] - key_offsets[index] for index in decoding])
-        offsets_k = torch.arange(int(lengths.max()))
-        valid = offsets_k.unsqueeze(0) < lengths.unsqueeze(1)
-        positions = torch.where(valid, starts.unsqueeze(1) + offsets_k.unsqueeze(0), starts.unsqueeze(1))
-        padded_shape = (*positions.shape, key.shape[1], head_dim)
-        # [1, kv_heads, K, d] -> [K, kv_heads, d] -> [B, max_keys, kv_heads, d] -> [B, kv_heads, max_keys, d].
-        keys = key[0].transpose(0, 1).index_select(0, positions.view(-1)).view(padded_shape).transpose(1, 2)
-        values = (
-            value[0].transpose(0, 1).index_select(0, positions.view(-1)).view(padded_shape).transpose(1, 2)
+    if plan.decoding_rows is not None and plan.decoding_keys is not None and plan.decoding_valid is not None:
+        # [1, kv_heads, K, d] -> [K, kv_heads, d]: the packed run in the cache's layout.
+        keys = _gather_padded(key[0].transpose(0, 1), plan.decoding_keys)
+        values = _gather_padded(value[0].transpose(0, 1), plan.decoding_keys)
+        queries = query.index_select(2, plan.decoding_rows)
+        rows_attended = _attend_padded(
+            stock, module, queries, keys, values, plan.decoding_valid, dropout, scaling, kwargs
         )
-        batched = query[0].index_select(1, rows).transpose(0, 1).unsqueeze(2)
-        rows_attended, _ = stock(
-            module, batched, keys, values, valid[:, None, None, :], dropout=dropout, scaling=scaling, **kwargs
-        )
-        attended[0].index_copy_(0, rows, rows_attended[:, 0])
+        attended[0].index_copy_(0, plan.decoding_rows, rows_attended)
     return attended
+
+
+def _attend_padded(
+    stock: AttentionFunction,
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    valid_keys: torch.Tensor,
+    dropout: float,
+    scaling: float | None,
+    kwargs: dict[str, Any],
+) -> torch.Tensor:
+    """One query token per request (``[1, heads, B, head_dim]``) against its padded keys: ``[B, heads, head_dim]``."""
+    # [1, heads, B, head_dim] -> [B, heads, 1, head_dim], an ordinary batch of one-token sequences.
+    batched = query[0].transpose(0, 1).unsqueeze(2)
+    attended, _ = stock(
+        module,
+        batched,
+        keys,
+        values,
+        valid_keys[:, None, None, :],
+        dropout=dropout,
+        scaling=scaling,
+        **kwargs,
+    )
+    # [B, 1, heads, head_dim] -> [B, heads, head_dim].
+    return attended[:, 0]
+
+
+def _padded_positions(starts: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B, longest]`` positions of each request's keys from ``starts``, and which are real."""
+    offsets = torch.arange(int(lengths.max()), device=starts.device)
+    valid = offsets.unsqueeze(0) < lengths.unsqueeze(1)
+    # Padding reads each request's first key again; the mask leaves it out.
+    return torch.where(valid, starts.unsqueeze(1) + offsets.unsqueeze(0), starts.unsqueeze(1)), valid
+
+
+def _gather_padded(rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``rows`` (``[K, kv_heads, head_dim]``) at ``positions`` (``[B, max_keys]``): ``[B, kv_heads, max_keys, head_dim]``.
+
+    A flat ``index_select``: indexing with the 2-D positions directly took 5x as long on a CPU.
+    """
+    gathered = torch.index_select(rows, 0, positions.view(-1)).view(*positions.shape, *rows.shape[1:])
+    return gathered.transpose(1, 2)
 
 
 def wrap_update(stock: CacheUpdate) -> CacheUpdate:
@@ -280,12 +339,7 @@ def wrap_update(stock: CacheUpdate) -> CacheUpdate:
         # [1, kv_heads, B, head_dim] -> [B, kv_heads, head_dim], the cache's layout.
         k_cache.index_copy_(0, write_index, key_states[0].transpose(0, 1))
         v_cache.index_copy_(0, write_index, value_states[0].transpose(0, 1))
-        # [B, max_keys, kv_heads, head_dim] seen as [B, kv_heads, max_keys, head_dim]. A flat
-        # index_select: indexing with the 2-D slots directly took 5x as long on a CPU.
-        padded_shape = (*slots.shape, *k_cache.shape[1:])
-        keys = torch.index_select(k_cache, 0, slots.view(-1)).view(padded_shape)
-        values = torch.index_select(v_cache, 0, slots.view(-1)).view(padded_shape)
-        return keys.transpose(1, 2), values.transpose(1, 2)
+        return _gather_padded(k_cache, slots), _gather_padded(v_cache, slots)
 
     setattr(update, _MARK, True)
     return update
@@ -335,22 +389,29 @@ def _plan(
     cache: PagedAttentionCache, read_index: torch.Tensor, cu_seq_lens_k: torch.Tensor, max_length_k: int
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The padded read's cache slots and mask for this step, or None where padding does not pay."""
-    # The same for every layer of a step: computed by the first, kept for the others
-    # (the step's index tensors are the same objects in every layer's arguments).
-    kept: tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None] | None = getattr(
-        cache, _PLAN, None
-    )
-    if kept is not None and kept[0] is read_index and kept[1] is cu_seq_lens_k:
-        return kept[2]
-    plan: tuple[torch.Tensor, torch.Tensor] | None = None
-    requests = cu_seq_lens_k.shape[0] - 1
-    if padding_pays(requests, max_length_k, read_index.numel()):
+
+    def compute() -> tuple[torch.Tensor, torch.Tensor] | None:
+        if not padding_pays(cu_seq_lens_k.shape[0] - 1, max_length_k, read_index.numel()):
+            return None
         starts = cu_seq_lens_k[:-1].to(torch.long)
-        lengths = cu_seq_lens_k[1:].to(torch.long) - starts
-        offsets = torch.arange(max_length_k, device=read_index.device)
-        valid = offsets.unsqueeze(0) < lengths.unsqueeze(1)
-        # Padding reads each request's first key again; the mask leaves it out.
-        positions = torch.where(valid, starts.unsqueeze(1) + offsets.unsqueeze(0), starts.unsqueeze(1))
-        plan = read_index[positions], valid
-    setattr(cache, _PLAN, (read_index, cu_seq_lens_k, plan))
-    return plan
+        positions, valid = _padded_positions(starts, cu_seq_lens_k[1:].to(torch.long) - starts)
+        return read_index[positions], valid
+
+    return _once_per_step(cache, _PLAN, (read_index, cu_seq_lens_k), compute)
+
+
+def _once_per_step(
+    holder: object | None, attribute: str, inputs: tuple[torch.Tensor, ...], compute: Callable[[], T]
+) -> T:
+    """``compute()``, kept on ``holder`` (the step's cache) for the later layers of the same step.
+
+    A step's index tensors are the same objects in every layer's arguments, and new ones the
+    next step: identity tells a later layer from a new step. Without a holder, computed each time.
+    """
+    kept: tuple[tuple[torch.Tensor, ...], T] | None = getattr(holder, attribute, None)
+    if kept is not None and all(old is new for old, new in zip(kept[0], inputs, strict=True)):
+        return kept[1]
+    value = compute()
+    if holder is not None:
+        setattr(holder, attribute, (inputs, value))
+    return value
