@@ -1,8 +1,9 @@
 """The generation engine: transformers' continuous batching, sized from settings.
 
 Concurrent requests share engine steps (``model.init_continuous_batching``). The
-engine runs in its own thread; finished and streaming outputs land on a queue
-that :mod:`gpu_worker.publisher` drains, off the engine's critical path.
+engine runs in its own thread; finished and streaming outputs land in a mailbox
+(:mod:`gpu_worker.output_mailbox`) that :mod:`gpu_worker.publisher` empties, off the
+engine's critical path, woken only for a request's first tokens and its end.
 
 Sampling is per request. transformers' per-request logits processors carry each
 request's temperature, top-p, and top-k = 1 for greedy (``temperature: 0``) into the
@@ -54,6 +55,7 @@ from transformers.generation.continuous_batching.requests import GenerationOutpu
 from gpu_worker import decode_attention, prefix_cache, raw_logprobs, sampling_step
 from gpu_worker.constraints import GrammarConstraints, GrammarRefusedError
 from gpu_worker.model_loading import LoadedModel
+from gpu_worker.output_mailbox import OutputMailbox
 from gpu_worker.penalties import Penalties
 from gpu_worker.sampling import GREEDY_BELOW_TEMPERATURE, NON_FINITE_TOKEN
 from gpu_worker.seeds import Seeds
@@ -144,6 +146,10 @@ class Engine:
             generation_config=generation_config,
             continuous_batching_config=self._batching_config(settings, loaded.device),
         )
+        self._outputs = OutputMailbox(wake_for_every_output=settings.stream_interval_ms == 0)
+        # transformers calls only ``put`` on its router's queue: the mailbox keeps the latest
+        # output per request and wakes the publisher only for what goes out at once.
+        self._manager.output_router.output_queue = self._outputs
         self.constraints: GrammarConstraints | None = None
         """The grammar matchers of constrained requests; None with structured outputs off."""
         if settings.structured_outputs:
@@ -320,7 +326,7 @@ class Engine:
         A request the step flagged non-finite comes out failed (without the flag); the
         failures of a generation loop that died are left out (their requests are handed back).
         """
-        outputs = drain(self._manager.output_router.output_queue, timeout_s)
+        outputs = self._outputs.take(timeout_s)
         # Read after the outputs: transformers asks for a hard stop before it fails the requests.
         dying = self._dying()
         return [

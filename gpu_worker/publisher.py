@@ -1,6 +1,6 @@
 """Publishing engine output to Redis, one pipelined round trip per engine step.
 
-A thread of its own drains the engine's output queue: the new tokens of every
+A thread of its own empties the engine's output mailbox: the new tokens of every
 active request go out as fenced appends (:mod:`resq.recovery.generations`) in
 one pipeline, and the same round trip asks whether any active request was
 cancelled (client gone, ``POST .../cancel``), so cancellation costs no extra
@@ -17,7 +17,9 @@ reads them with one ``XREAD`` and logs their events with one pipeline, and the
 API's hub relays them with one read, instead of a round per request whose own
 interval happened to end. A request's first tokens and its end go out at once
 (time to first token is unchanged), and the cancellation checks ride on the
-same rounds.
+same rounds. Between rounds the engine does not wake this thread for tokens that
+would only be held (:mod:`gpu_worker.output_mailbox`): in one process with the
+engine thread, a wake-up per step took the GIL from it twice per step.
 The start entry of a request admitted after waiting for room goes out in the same
 pipeline, ahead of its first tokens (within :data:`IDLE_WAIT_S` when the engine is
 slower), so admission adds nothing between the Celery message and the engine; a
@@ -250,10 +252,18 @@ class TokenPublisher:
         self._publish()
 
     def _wait_for_held(self, wait_s: float) -> float:
-        """``wait_s``, shortened so that held tokens go out when their interval ends."""
-        if self._held_until is None:
+        """``wait_s``, shortened so that held tokens go out when their interval ends.
+
+        The engine wakes this thread only for a request's first tokens and its end
+        (:mod:`gpu_worker.output_mailbox`): the other tokens of active requests wait there,
+        unseen, so with requests active the wait also ends when the next round is due.
+        """
+        until = self._held_until
+        if until is None and self._stream_interval_s > 0 and self._tracked:
+            until = self._round_at
+        if until is None:
             return wait_s
-        return max(0.0, min(wait_s, self._held_until - time.monotonic()))
+        return max(0.0, min(wait_s, until - time.monotonic()))
 
     def _due(self, tracked: _Tracked, output: GenerationOutput, round_due: bool) -> bool:
         """Whether ``tracked``'s tokens go out now (else they wait for the next round)."""

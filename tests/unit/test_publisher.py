@@ -34,11 +34,14 @@ class FakeEngine:
         self.outputs: list[GenerationOutput] = []
         self.released = 0
         self.cancelled: list[str] = []
+        self.waits: list[float] = []
+        """The longest wait for output the publisher asked for, per step."""
 
     def forget(self, response_id: str) -> None:
         """Nothing kept per request (no grammars)."""
 
     def next_outputs(self, timeout_s: float) -> list[GenerationOutput]:
+        self.waits.append(timeout_s)
         if not self.outputs:
             time.sleep(min(timeout_s, 0.01))
         outputs, self.outputs = self.outputs, []
@@ -386,6 +389,21 @@ def test_a_stream_interval_checks_cancellations_once_per_interval_and_drops_held
     assert isinstance(entries[-1], FinishEntry) and entries[-1].finish_reason == "cancelled"
     assert entries[-1].output_tokens == tokens
     r.delete(keys.cancel(job.response_id))
+
+
+def test_with_requests_in_the_engine_the_wait_for_output_ends_when_the_round_is_due(r: redis.Redis) -> None:
+    """The engine wakes the publisher only for first tokens and ends (gpu_worker.output_mailbox):
+    the other tokens wait there unseen, so the publisher's own wait must end at the round."""
+    engine, publisher, job = interval_publisher(r, interval_s=0.3)
+    engine.outputs.append(decoding(job, [11]))
+    publisher.step(0)  # the first token goes out at once, and starts the round clock
+    publisher.step(10)
+    assert 0 < engine.waits[-1] <= 0.3
+    engine.outputs.append(finished(job, [11, 12, EOS]))
+    publisher.step(0)
+    assert publisher.active_count == 0
+    publisher.step(10)  # nothing in the engine: the caller's wait stands
+    assert engine.waits[-1] == 10
 
 
 def test_the_held_tokens_of_every_request_go_out_in_the_same_round(r: redis.Redis) -> None:
