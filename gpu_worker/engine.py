@@ -146,7 +146,7 @@ class Engine:
             generation_config=generation_config,
             continuous_batching_config=self._batching_config(settings, loaded.device),
         )
-        self._outputs = OutputMailbox(wake_for_every_output=settings.stream_interval_ms == 0)
+        self._outputs = OutputMailbox()
         # transformers calls only ``put`` on its router's queue: the mailbox keeps the latest
         # output per request and wakes the publisher only for what goes out at once.
         self._manager.output_router.output_queue = self._outputs
@@ -320,13 +320,16 @@ class Engine:
         self._manager.cancel_request(request_id)
         self.forget(request_id)
 
-    def next_outputs(self, timeout_s: float) -> list[GenerationOutput]:
+    def next_outputs(self, timeout_s: float, quiet_until: float = 0.0) -> list[GenerationOutput]:
         """Outputs produced since the last call: waits up to ``timeout_s`` for the first one.
+
+        ``quiet_until`` (``time.monotonic()``): before it, only a request's first tokens or its
+        end cut the wait short (:class:`gpu_worker.output_mailbox.OutputMailbox`).
 
         A request the step flagged non-finite comes out failed (without the flag); the
         failures of a generation loop that died are left out (their requests are handed back).
         """
-        outputs = self._outputs.take(timeout_s)
+        outputs = self._outputs.take(timeout_s, quiet_until)
         # Read after the outputs: transformers asks for a hard stop before it fails the requests.
         dying = self._dying()
         return [

@@ -246,7 +246,9 @@ class TokenPublisher:
 
     def step(self, wait_s: float) -> None:
         """Publish what the engine produced (waiting up to ``wait_s`` for it) and check cancellations."""
-        outputs = self._engine.next_outputs(self._wait_for_held(wait_s))
+        # Tokens that would only be held do not wake this thread before the round is due.
+        quiet_until = self._round_at if self._stream_interval_s > 0 else 0.0
+        outputs = self._engine.next_outputs(self._wait_for_held(wait_s), quiet_until)
         for output in outputs:  # outputs are cumulative: the last one per request says it all
             self._pending[output.request_id] = output  # by engine request id: one per claim
         self._publish()

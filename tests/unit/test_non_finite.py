@@ -306,7 +306,7 @@ class DeadEngine:
     def __init__(self) -> None:
         self.released = 0
 
-    def next_outputs(self, timeout_s: float) -> list[GenerationOutput]:
+    def next_outputs(self, timeout_s: float, quiet_until: float = 0.0) -> list[GenerationOutput]:
         return []
 
     def is_running(self) -> bool:

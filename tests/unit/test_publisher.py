@@ -36,12 +36,15 @@ class FakeEngine:
         self.cancelled: list[str] = []
         self.waits: list[float] = []
         """The longest wait for output the publisher asked for, per step."""
+        self.quiet_until: list[float] = []
+        """Until when, per step, only first tokens and ends were to cut that wait short."""
 
     def forget(self, response_id: str) -> None:
         """Nothing kept per request (no grammars)."""
 
-    def next_outputs(self, timeout_s: float) -> list[GenerationOutput]:
+    def next_outputs(self, timeout_s: float, quiet_until: float = 0.0) -> list[GenerationOutput]:
         self.waits.append(timeout_s)
+        self.quiet_until.append(quiet_until)
         if not self.outputs:
             time.sleep(min(timeout_s, 0.01))
         outputs, self.outputs = self.outputs, []
@@ -396,14 +399,22 @@ def test_with_requests_in_the_engine_the_wait_for_output_ends_when_the_round_is_
     the other tokens wait there unseen, so the publisher's own wait must end at the round."""
     engine, publisher, job = interval_publisher(r, interval_s=0.3)
     engine.outputs.append(decoding(job, [11]))
+    sent_at = time.monotonic()
     publisher.step(0)  # the first token goes out at once, and starts the round clock
     publisher.step(10)
     assert 0 < engine.waits[-1] <= 0.3
+    # Until that round, only first tokens and ends may cut the engine's wait short.
+    assert sent_at < engine.quiet_until[-1] <= time.monotonic() + 0.3
     engine.outputs.append(finished(job, [11, 12, EOS]))
     publisher.step(0)
     assert publisher.active_count == 0
     publisher.step(10)  # nothing in the engine: the caller's wait stands
     assert engine.waits[-1] == 10
+    engine, publisher, job = interval_publisher(r, interval_s=0)
+    engine.outputs.append(decoding(job, [11]))
+    publisher.step(0)
+    publisher.step(10)  # no interval: every output goes out with its step, and wakes the publisher
+    assert engine.waits[-1] == 10 and engine.quiet_until[-1] == 0
 
 
 def test_the_held_tokens_of_every_request_go_out_in_the_same_round(r: redis.Redis) -> None:
