@@ -30,6 +30,7 @@ from typing import Any, Literal, cast
 
 from redis import Redis
 from redis.client import Pipeline
+from redis.exceptions import RedisError
 
 from resq import conversations, faults, item_index, jsonutil, keys, records, turns
 from resq.catalog import ModelCatalog
@@ -58,6 +59,24 @@ from resq.status import FinalStatus
 from resq.wire import FinishEntry, StartEntry, TokensEntry, decode_entry
 
 log = logging.getLogger(__name__)
+
+DELETE_ENDED_TOKENS_LUA = """
+-- KEYS: the event log, the token stream; ARGV: the terminal event types.
+-- Deletes the token stream only if the log's last event is terminal: a response whose end is
+-- not logged yet keeps its tokens for whoever logs it.
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+if #last == 0 then return 0 end
+local fields = last[1][2]
+for i = 1, #fields, 2 do
+  if fields[i] == 'type' then
+    for _, terminal in ipairs(ARGV) do
+      if fields[i + 1] == terminal then return redis.call('DEL', KEYS[2]) end
+    end
+    return 0
+  end
+end
+return 0
+"""
 
 READ_BLOCK_MS = 1000
 READ_COUNT = 512
@@ -407,12 +426,51 @@ class _Run:
             return status
         faults.reached("postprocess.after_final_record")
         output: list[dict[str, Any]] = jsonutil.loads(stored).get("output", [])
+        terminal = processor.terminal_event(status, stored)
+        joins_conversation = self._conversation is not None and status in APPENDED_STATUSES
+        if not joins_conversation and self._end_in_one_round(output, terminal):
+            return status
+        # Step by step, each write retried: a conversation's items go in between, or the
+        # one round met an error (every step below is safe to repeat).
         self._index_output(output)
-        if status in APPENDED_STATUSES:
+        if joins_conversation:
             self._append_to_conversation(output)
-        self._writer.append([processor.terminal_event(status, stored)])
+        self._writer.append([terminal])
         redis.delete(keys.tokens(response_id))
         return status
+
+    def _end_in_one_round(self, output: list[dict[str, Any]], terminal: EncodedEvent) -> bool:
+        """The output's index entries, the terminal event and the token stream's removal in one
+        pipeline (three round trips otherwise, on every response); False when any part of it did
+        not go as expected, for the caller to finish step by step.
+
+        Sent in that order, so a client that sees the terminal event can reference the items;
+        the stream is removed only if the log ends with a terminal event by then (a takeover
+        that finds no terminal event reads the stream again).
+        """
+        response_id = self._response_id
+        pipe = self._redis.pipeline(transaction=False)
+        if self._index_owner is not None:
+            item_index.index_items(
+                pipe, self._index_owner, response_id, output, item_index.OUTPUT, self._ttl_s
+            )
+        staged = self._writer.stage([terminal])
+        appended_at = len(pipe)
+        if staged is not None:
+            staged.queue(pipe)
+        pipe.eval(
+            DELETE_ENDED_TOKENS_LUA,
+            2,
+            keys.events(response_id),
+            keys.tokens(response_id),
+            *sorted(types.TERMINAL_TYPES),
+        )
+        try:
+            replies = pipe.execute(raise_on_error=False)
+        except RedisError:
+            return False
+        settled = staged is None or staged.settle(replies[appended_at])
+        return settled and not any(isinstance(reply, Exception) for reply in replies)
 
     def _give_up(self, unlogged: list[EncodedEvent], message: str, cause: RedisRefusedError | None) -> str:
         """End the response ``failed`` (``server_error``) right after the events logged so far."""

@@ -624,3 +624,73 @@ def test_out_of_memory_leaves_no_gap_and_a_takeover_finishes(
     assert postprocess(r, tokenizer) == "completed"
     events = logged_events(r)
     assert output_text(check_stream(events)) == deltas(events) == TEXT
+
+
+# --- the end: index entries, terminal event and the token stream's removal --------------------------
+
+
+def stored_by(r: redis.Redis, owner: str) -> None:
+    """Make the response a stored one of ``owner`` (its output items get index entries)."""
+    r.hset(keys.record(RESPONSE_ID), mapping={"store": "1", "owner": owner})
+
+
+def test_the_end_indexes_logs_and_drops_the_tokens_in_one_round_trip(
+    r: redis.Redis, tokenizer: TextTokenizer, token_ids: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the final record, the output's index entries, the terminal event and the removal of
+    the token stream go in one pipeline (three round trips before, on every response)."""
+    start_response(r, "in_progress")
+    stored_by(r, "alice")
+    add_entries(r, [StartEntry(7), *chunks(token_ids, 0, len(token_ids), 4)])
+    add_entries(r, [FinishEntry("stop", 7, len(token_ids))])
+    stepwise: list[str] = []
+    monkeypatch.setattr(runner._Run, "_index_output", lambda self, output: stepwise.append("index"))
+    delete = redis.Redis.delete
+
+    def spied_delete(self: redis.Redis, *names: Any) -> Any:
+        stepwise.append("delete")
+        return delete(self, *names)
+
+    monkeypatch.setattr(redis.Redis, "delete", spied_delete)
+    assert postprocess(r, tokenizer) == "completed"
+    assert stepwise == []
+    events = logged_events(r)
+    assert output_text(check_stream(events)) == TEXT and events[-1]["type"] == types.COMPLETED
+    assert r.exists(keys.tokens(RESPONSE_ID)) == 0
+    items = events[-1]["response"]["output"]
+    assert items and all(
+        r.get(keys.item_ref("alice", item["id"])) == f"{RESPONSE_ID} o".encode() for item in items
+    )
+
+
+def test_an_error_in_the_one_round_end_is_finished_step_by_step_without_a_second_terminal_event(
+    r: redis.Redis, tokenizer: TextTokenizer, token_ids: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runner, "DELETE_ENDED_TOKENS_LUA", "return redis.error_reply('refused here')")
+    start_response(r, "in_progress")
+    stored_by(r, "alice")
+    add_entries(r, [StartEntry(7), *chunks(token_ids, 0, len(token_ids), 4)])
+    add_entries(r, [FinishEntry("stop", 7, len(token_ids))])
+    assert postprocess(r, tokenizer) == "completed"
+    events = logged_events(r)
+    assert [event["type"] for event in events].count(types.COMPLETED) == 1
+    assert output_text(check_stream(events)) == TEXT
+    assert r.exists(keys.tokens(RESPONSE_ID)) == 0
+    item = events[-1]["response"]["output"][0]
+    assert r.get(keys.item_ref("alice", item["id"])) == f"{RESPONSE_ID} o".encode()
+
+
+@pytest.mark.parametrize("last", [types.OUTPUT_TEXT_DELTA, types.COMPLETED])
+def test_the_token_stream_is_dropped_only_after_a_terminal_event(r: redis.Redis, last: str) -> None:
+    """A takeover that finds no terminal event reads the token stream again: it must still be there."""
+    new_log(r)
+    r.xadd(keys.events(RESPONSE_ID), {"type": last, "data": b"{}"}, id=keys.event_entry_id(1))
+    add_entries(r, [StartEntry(7)])
+    r.eval(
+        runner.DELETE_ENDED_TOKENS_LUA,
+        2,
+        keys.events(RESPONSE_ID),
+        keys.tokens(RESPONSE_ID),
+        *sorted(types.TERMINAL_TYPES),
+    )
+    assert r.exists(keys.tokens(RESPONSE_ID)) == (0 if last == types.COMPLETED else 1)
