@@ -54,20 +54,25 @@ def load_options(rounds: int) -> Callable[[F], F]:
     return decorate
 
 
-async def load(stack: ResqStack, concurrency: int, tokens: int) -> tuple[list[clients.StreamTiming], float]:
-    """``concurrency`` greedy streams of ``tokens`` tokens at once against ``stack``; timings and wall time."""
+async def load(
+    stack: ResqStack, concurrency: int, tokens: int, repeats: int = 1
+) -> tuple[list[clients.StreamTiming], float]:
+    """``concurrency`` clients at once against ``stack``, each making ``repeats`` greedy streams of
+    ``tokens`` tokens in a row; timings and wall time."""
     async with clients.new_client() as client:
         return await clients.concurrently(
-            concurrency, lambda: clients.resq_stream(client, stack.base_url, stack.model.served_name, tokens)
+            concurrency,
+            lambda: clients.resq_stream(client, stack.base_url, stack.model.served_name, tokens),
+            repeats,
         )
 
 
-def measure_once(system: HttpSystems, concurrency: int, tokens: int) -> dict[str, float]:
+def measure_once(system: HttpSystems, concurrency: int, tokens: int, repeats: int = 1) -> dict[str, float]:
     """One loaded run of ``system``'s stack: its metrics (raises when a stream failed or was short)."""
     meter = system.meter("resq")
     engine = meter.engine_keys()
     before = cpu_accounting.thread_times(meter.pids)
-    timings, wall = asyncio.run(load(system.stack, concurrency, tokens))
+    timings, wall = asyncio.run(load(system.stack, concurrency, tokens, repeats))
     after = cpu_accounting.thread_times(meter.pids)
     bad = [timing for timing in timings if timing.error is not None or timing.tokens != tokens]
     if bad:
@@ -82,16 +87,25 @@ def measure_once(system: HttpSystems, concurrency: int, tokens: int) -> dict[str
 
 
 def paired_rounds(
-    systems: dict[str, HttpSystems], scenario: str, model: str, concurrency: int, tokens: int, rounds: int
+    systems: dict[str, HttpSystems],
+    scenario: str,
+    model: str,
+    concurrency: int,
+    tokens: int,
+    rounds: int,
+    repeats: int = 1,
 ) -> ResultSet:
     """Warm every system up at full width, then measure ``rounds`` rounds of all of them, back to
-    back in an order rotated per round (:func:`bench.stats.alternated`); each run is printed."""
+    back in an order rotated per round (:func:`bench.stats.alternated`); each run is printed.
+
+    ``repeats``: requests each client makes in a row per run (more requests per run, for costs
+    per request that psutil's 10 ms clock would blur over one request per client)."""
     for system in systems.values():
         asyncio.run(load(system.stack, concurrency, tokens))
     results = ResultSet()
     for round_index in range(rounds):
         for name in alternated(list(systems), round_index):
-            metrics = measure_once(systems[name], concurrency, tokens)
+            metrics = measure_once(systems[name], concurrency, tokens, repeats)
             results.add(RunRecord(scenario, name, model, concurrency, round_index, metrics))
             click.echo(
                 f"round {round_index + 1}: {name}: {metrics['tok_s']:7.1f} tok/s, "

@@ -6,7 +6,9 @@ workers, API, each with its own redis-server), side by side, and loads them one 
 ``clients`` concurrent greedy streams of ``tokens`` tokens, in an order rotated between rounds
 (:func:`bench.stats.alternated`), after a full-width warm-up of both. Per run: streamed tokens
 per second, tokens per delta, TTFT p50 and B7's CPU per streamed token outside the engine thread
-by process (:mod:`bench.cpu_accounting`). With ``--probes N``, each round also times N sequential
+by process (:mod:`bench.cpu_accounting`). With ``--repeats N`` each client makes N requests in a
+row per run: with short requests (``--tokens 16``) that measures what a request costs rather than
+its tokens, over enough requests for psutil's 10 ms clock. With ``--probes N``, each round also times N sequential
 one-client streams of 4 tokens per tree (B2's probe: the latency of the path itself, with no
 batching to hide it); ``--clients 0`` runs only those. Every ratio is the median of per-round ratios.
 
@@ -116,13 +118,22 @@ def _worktree(rev: str) -> Path:
 )
 @click.option("--tokens", type=int, default=256, show_default=True)
 @click.option(
+    "--repeats",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Requests each client makes in a row per run (e.g. 8 with --tokens 16: costs per request).",
+)
+@click.option(
     "--probes",
     type=int,
     default=0,
     show_default=True,
     help="Sequential one-client TTFT probes per tree and round.",
 )
-def main(base: str, model: str, rounds: int, concurrency: int, tokens: int, probes: int) -> None:
+def main(
+    base: str, model: str, rounds: int, concurrency: int, tokens: int, repeats: int, probes: int
+) -> None:
     """This checkout against ``--base``, side by side, paired per round."""
     cache = Path.home() / ".cache" / "resq" / "bench-models"
     served = ensure_bench(cache) if model == "bench" else ensure_tiny(cache)
@@ -143,9 +154,9 @@ def main(base: str, model: str, rounds: int, concurrency: int, tokens: int, prob
         for name, system in systems.items():
             trees = sorted({os.readlink(f"/proc/{proc.pid}/cwd") for proc in system.stack.procs})
             click.echo(f"{name}: processes started in {', '.join(trees)}")
-        click.echo(f"model {served.key}; {concurrency} clients x {tokens} tokens; logs in {logs}")
+        click.echo(f"model {served.key}; {concurrency} clients x {repeats} x {tokens} tokens; logs in {logs}")
         if concurrency:
-            results = paired_rounds(systems, SCENARIO, served.key, concurrency, tokens, rounds)
+            results = paired_rounds(systems, SCENARIO, served.key, concurrency, tokens, rounds, repeats)
             click.echo("")
             click.echo(to_markdown(versus_table(results, base, served.key, concurrency)))
         if probes:
