@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from redis import Redis
 
@@ -27,11 +28,12 @@ def postprocess_response(
     response_id: str,
     keep_going: Callable[[], bool] | None = None,
     tokens: TokenSource | None = None,
+    opening: list[Any] | None = None,
 ) -> str:
     """:func:`run_postprocess` for ``response_id``, every log line tagged with it, and counted."""
     with response_context(response_id), metrics.ACTIVE.track_inprogress():
         try:
-            status = run_postprocess(redis, catalog, settings, response_id, keep_going, tokens)
+            status = run_postprocess(redis, catalog, settings, response_id, keep_going, tokens, opening)
         except BaseException:
             metrics.RESPONSES.labels(CRASHED).inc()
             raise

@@ -148,6 +148,12 @@ HANDED_OVER = "handed-over"
 """What :func:`run_postprocess` returns when it stopped because another post-processor took over."""
 
 
+def stage_opening_reads(pipe: Pipeline, response_id: str) -> None:
+    """Queue on ``pipe`` what :func:`run_postprocess` reads first: the record and the log's last event."""
+    pipe.hmget(keys.record(response_id), records.PROCESSING_FIELDS)
+    pipe.xrevrange(keys.events(response_id), count=1)
+
+
 def run_postprocess(
     redis: Redis,
     catalog: ModelCatalog,
@@ -155,21 +161,25 @@ def run_postprocess(
     response_id: str,
     keep_going: Callable[[], bool] | None = None,
     tokens: TokenSource | None = None,
+    opening: list[Any] | None = None,
 ) -> str:
     """Post-process ``response_id`` to its terminal event; returns its final status.
 
     ``keep_going`` is asked between reads: when it turns false (this process lost its
     lease on the response) the call stops and returns :data:`HANDED_OVER`. ``tokens``
     reads the token stream (default: one ``XREAD`` per read; a post-process worker passes
-    its :class:`~resq.postprocess.token_hub.TokenStreamHub`). Raises
+    its :class:`~resq.postprocess.token_hub.TokenStreamHub`). ``opening``: the replies of
+    :func:`stage_opening_reads`, read in an earlier round trip (the lease's). Raises
     :class:`RedisRefusedError` when Redis refused every write, the failure included
     (nothing half-written: a takeover goes on later).
     """
-    # The record and the log's last event in one round trip: a post-processor's first two reads.
-    pipe = redis.pipeline(transaction=False)
-    pipe.hmget(keys.record(response_id), records.PROCESSING_FIELDS)
-    pipe.xrevrange(keys.events(response_id), count=1)
-    values, last_logged = pipe.execute()
+    # The record and the log's last event in one round trip: a post-processor's first two reads
+    # (or in the round trip that took the lease, ``opening``).
+    if opening is None:
+        pipe = redis.pipeline(transaction=False)
+        stage_opening_reads(pipe, response_id)
+        opening = pipe.execute()
+    values, last_logged = opening
     record = records.parse_processing([optional_bytes(value) for value in values])
     if record is None:
         log.info("response %s has no record (deleted or expired); nothing to do", response_id)

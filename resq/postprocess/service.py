@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 from resq.catalog import ModelCatalog
 from resq.postprocess.observed import postprocess_response
-from resq.postprocess.runner import HANDED_OVER
+from resq.postprocess.runner import HANDED_OVER, stage_opening_reads
 from resq.postprocess.token_hub import TokenStreamHub
 from resq.recovery.leases import PostprocessLeases
 from resq.redis_client import sync_redis
@@ -44,10 +45,14 @@ class PostprocessService:
 
     def run(self, response_id: str) -> str:
         """Post-process ``response_id`` here, unless a live post-processor already does (blocking)."""
-        if not self.leases.take(response_id):
+        # The lease and the post-processor's first reads in one round trip.
+        taken, opening = self.leases.take_along(
+            response_id, lambda pipe: stage_opening_reads(pipe, response_id)
+        )
+        if not taken:
             log.info("%s is post-processed elsewhere; nothing to do", response_id)
             return OWNED_ELSEWHERE
-        return self._run_held(response_id)
+        return self._run_held(response_id, opening)
 
     def submit(self, response_id: str) -> Future[str]:
         """Post-process ``response_id`` on this process's pool (the inline API)."""
@@ -65,7 +70,7 @@ class PostprocessService:
                 log.warning("taking over post-processing of %s (its post-processor is gone)", response_id)
                 self._pool.submit(self._run_held, response_id).add_done_callback(_report)
 
-    def _run_held(self, response_id: str) -> str:
+    def _run_held(self, response_id: str, opening: list[Any] | None = None) -> str:
         try:
             status = postprocess_response(
                 self._redis,
@@ -74,6 +79,7 @@ class PostprocessService:
                 response_id,
                 keep_going=lambda: self.leases.holds(response_id),
                 tokens=self._tokens,
+                opening=opening,
             )
         except BaseException:
             # Keep the lease unreleased: it lapses, and a post-processor retries later.

@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Final
+from collections.abc import Callable
+from typing import Any, Final
 
 from redis import Redis
 from redis.asyncio.client import Pipeline as AsyncPipeline
+from redis.client import Pipeline
+from redis.exceptions import NoScriptError
 
 from resq import keys
 
@@ -139,6 +142,33 @@ class PostprocessLeases:
             with self._lock:
                 self._held.add(response_id)
         return taken
+
+    def take_along(
+        self, response_id: str, stage: Callable[[Pipeline], None]
+    ) -> tuple[bool, list[Any] | None]:
+        """:meth:`take`, with the commands ``stage`` queues sent in the same round trip, after it.
+
+        Returns whether the lease was taken and, when it was, the replies of those commands (None
+        when any of them failed, or the script had to be loaded first: the caller reads again).
+        """
+        if self.holds(response_id):
+            return False, None
+        pipe = self._redis.pipeline(transaction=False)
+        # By sha, not through the Script object: redis-py would add a SCRIPT EXISTS round trip.
+        pipe.evalsha(
+            self._acquire.sha, len(_LEASE_KEYS), *_LEASE_KEYS, response_id, self.holder_id, self._lease_ms
+        )
+        stage(pipe)
+        taken, *replies = pipe.execute(raise_on_error=False)
+        if isinstance(taken, NoScriptError):  # Redis restarted without its scripts
+            return self.take(response_id), None
+        if isinstance(taken, Exception):
+            raise taken
+        if not taken:
+            return False, None
+        with self._lock:
+            self._held.add(response_id)
+        return True, None if any(isinstance(reply, Exception) for reply in replies) else replies
 
     def holds(self, response_id: str) -> bool:
         """Whether this process still holds the lease (renewal did not find it taken over)."""

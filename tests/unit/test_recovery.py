@@ -232,6 +232,27 @@ def test_a_lease_is_exclusive_until_it_lapses(r: redis.Redis) -> None:
     assert r.zcard(keys.POSTPROCESS_LEASES) == 0 and r.hlen(keys.POSTPROCESS_LEASE_HOLDERS) == 0
 
 
+def test_a_lease_taken_along_with_reads_is_as_exclusive_and_returns_their_replies(r: redis.Redis) -> None:
+    """The post-processor's first reads ride on the round trip that takes the lease."""
+    r.set("resq:test:value", "7")
+
+    def reads(pipe: redis.client.Pipeline) -> None:
+        pipe.get("resq:test:value")
+        pipe.exists("resq:test:missing")
+
+    first = PostprocessLeases(r, "pp-1", lease_s=30)
+    second = PostprocessLeases(r, "pp-2", lease_s=30)
+    assert first.take_along(RESPONSE, reads) == (True, [b"7", 0])
+    assert first.holds(RESPONSE)
+    assert second.take_along(RESPONSE, reads) == (False, None)
+    assert first.take_along(RESPONSE, reads) == (False, None)  # nor the holder twice
+    first.release(RESPONSE)
+    r.script_flush()  # Redis restarted without its scripts: taken the ordinary way, reads left out
+    assert second.take_along(RESPONSE, reads) == (True, None)
+    assert r.hget(keys.POSTPROCESS_LEASE_HOLDERS, RESPONSE) == b"pp-2"
+    second.release(RESPONSE)
+
+
 def test_a_registered_lease_nobody_took_lapses(r: redis.Redis, private_redis: PrivateRedis) -> None:
     import asyncio
 
