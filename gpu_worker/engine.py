@@ -3,7 +3,8 @@
 Concurrent requests share engine steps (``model.init_continuous_batching``). The
 engine runs in its own thread; finished and streaming outputs land in a mailbox
 (:mod:`gpu_worker.output_mailbox`) that :mod:`gpu_worker.publisher` empties, off the
-engine's critical path, woken only for a request's first tokens and its end.
+engine's critical path, woken only for a request's first tokens, its end, or a round
+that is due.
 
 Sampling is per request. transformers' per-request logits processors carry each
 request's temperature, top-p, and top-k = 1 for greedy (``temperature: 0``) into the
