@@ -78,6 +78,9 @@ end
 return 0
 """
 
+_TERMINAL_TYPES: list[str] = sorted(types.TERMINAL_TYPES)
+""":data:`DELETE_ENDED_TOKENS_LUA`'s arguments, made once."""
+
 READ_BLOCK_MS = 1000
 READ_COUNT = 512
 MAX_REBUILDS = 3
@@ -473,7 +476,7 @@ class _Run:
             2,
             keys.events(response_id),
             keys.tokens(response_id),
-            *sorted(types.TERMINAL_TYPES),
+            *_TERMINAL_TYPES,
         )
         try:
             replies = pipe.execute(raise_on_error=False)

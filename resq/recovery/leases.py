@@ -135,13 +135,7 @@ class PostprocessLeases:
 
     def take(self, response_id: str) -> bool:
         """Take the lease of ``response_id``; False when a live post-processor (this one included) holds it."""
-        if self.holds(response_id):  # a duplicate message: this process already works on it
-            return False
-        taken = bool(self._acquire(keys=_LEASE_KEYS, args=[response_id, self.holder_id, self._lease_ms]))
-        if taken:
-            with self._lock:
-                self._held.add(response_id)
-        return taken
+        return self.take_along(response_id, lambda _pipe: None)[0]
 
     def take_along(
         self, response_id: str, stage: Callable[[Pipeline], None]
@@ -151,7 +145,7 @@ class PostprocessLeases:
         Returns whether the lease was taken and, when it was, the replies of those commands (None
         when any of them failed, or the script had to be loaded first: the caller reads again).
         """
-        if self.holds(response_id):
+        if self.holds(response_id):  # a duplicate message: this process already works on it
             return False, None
         pipe = self._redis.pipeline(transaction=False)
         # By sha, not through the Script object: redis-py would add a SCRIPT EXISTS round trip.
@@ -160,15 +154,20 @@ class PostprocessLeases:
         )
         stage(pipe)
         taken, *replies = pipe.execute(raise_on_error=False)
-        if isinstance(taken, NoScriptError):  # Redis restarted without its scripts
-            return self.take(response_id), None
-        if isinstance(taken, Exception):
+        reads_valid = True
+        if isinstance(taken, NoScriptError):
+            # Redis restarted without its scripts: the Script object loads it. The reads ran
+            # before the lease was taken, so they are left to the caller to make again.
+            taken = self._acquire(keys=_LEASE_KEYS, args=[response_id, self.holder_id, self._lease_ms])
+            reads_valid = False
+        elif isinstance(taken, Exception):
             raise taken
         if not taken:
             return False, None
         with self._lock:
             self._held.add(response_id)
-        return True, None if any(isinstance(reply, Exception) for reply in replies) else replies
+        reads_valid = reads_valid and not any(isinstance(reply, Exception) for reply in replies)
+        return True, replies if reads_valid else None
 
     def holds(self, response_id: str) -> bool:
         """Whether this process still holds the lease (renewal did not find it taken over)."""
