@@ -8,8 +8,12 @@ each matcher advances. Rows of unconstrained requests are never touched, and a s
 without constrained rows costs one dictionary look-up.
 
 The masks are computed while the forward pass runs: :meth:`GrammarConstraints.start_masks`
-fills and unpacks them on a helper thread (llguidance releases the GIL, and its executor spreads
-the rows over its own threads) and the step collects them once the logits exist.
+fills and unpacks them on a helper thread (llguidance releases the GIL) and the step collects them
+once the logits exist. A large vocabulary on a host with cores to spare has its rows spread over
+llguidance's own threads; a small one, or a host of two cores, fills them one after the other on
+the helper thread (:func:`masks_in_parallel`): there a row takes a few microseconds, less than
+handing it to another thread. A chosen token is fed to its matcher on the engine thread, one row
+after the other, for the same reason.
 
 A resumed generation (its previous GPU worker was lost) replays the tokens already
 published into a fresh matcher before it generates again, so the constraint carries
@@ -19,6 +23,7 @@ on exactly where it stopped.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -37,6 +42,18 @@ log = logging.getLogger(__name__)
 _BITS = 32
 COMPILED_GRAMMARS_KEPT = 64
 """How many distinct grammars stay compiled (an agent's schema repeats on every turn)."""
+PARALLEL_MASKS_MIN_VOCAB = 16_384
+"""The smallest vocabulary whose masks are spread over llguidance's threads: a row's mask costs
+about its vocabulary's size (~50 us at 128k tokens), and on the built-in 2k vocabulary it is
+~8 us, where the executor's hand-off cost ~2 us a row more than filling it in place
+(``docs/benchmarks.md``, B5)."""
+PARALLEL_MASKS_MIN_CORES = 3
+"""The fewest cores on which the executor's threads can run beside the engine thread and the helper."""
+
+
+def masks_in_parallel(vocab_size: int, cores: int | None) -> bool:
+    """Whether a step's masks are spread over llguidance's threads (else filled one row after another)."""
+    return vocab_size >= PARALLEL_MASKS_MIN_VOCAB and (cores or 1) >= PARALLEL_MASKS_MIN_CORES
 
 
 class GrammarRefusedError(ValueError):
@@ -59,7 +76,15 @@ class ConstrainedRows:
 class GrammarConstraints:
     """The matchers of the requests in one engine (thread-safe: jobs arrive from Celery threads)."""
 
-    def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_ids: list[int]) -> None:
+    def __init__(
+        self,
+        tokenizer_json: str,
+        vocab_size: int,
+        eos_token_ids: list[int],
+        parallel: bool | None = None,
+    ) -> None:
+        """``parallel``: spread a step's masks over llguidance's threads; None decides by
+        :func:`masks_in_parallel` on this host."""
         self._tokenizer = LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos_token_ids or None)
         self.vocab_size = vocab_size
         self._eos_tokens = numpy.asarray([t for t in eos_token_ids if t < vocab_size], dtype=numpy.int64)
@@ -67,7 +92,9 @@ class GrammarConstraints:
         """Recently used grammars, compiled once: a request's matcher is a copy of one (about
         1 us, where a compile takes 0.5 ms and more)."""
         self._words = (vocab_size + _BITS - 1) // _BITS
-        self._executor = LLExecutor()
+        if parallel is None:
+            parallel = masks_in_parallel(vocab_size, os.cpu_count())
+        self._executor: LLExecutor | None = LLExecutor() if parallel else None
         self._filler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="resq-masks")
         self._matchers: dict[str, LLMatcher] = {}
         self._lock = threading.Lock()
@@ -122,12 +149,18 @@ class GrammarConstraints:
         # (llguidance, GIL released) and unpacking its bits into one boolean per token.
         started = time.perf_counter()
         bitmask = numpy.zeros((len(matchers), self._words), dtype=numpy.int32)
-        self._executor.unsafe_compute_mask_ptr(
-            [(matcher, index) for index, matcher in enumerate(matchers)],
-            bitmask.ctypes.data,
-            self._words * 4,
-            len(matchers),
-        )
+        row_bytes = self._words * 4
+        if self._executor is not None:
+            self._executor.unsafe_compute_mask_ptr(
+                [(matcher, index) for index, matcher in enumerate(matchers)],
+                bitmask.ctypes.data,
+                row_bytes,
+                len(matchers),
+            )
+        else:
+            start = bitmask.ctypes.data
+            for index, matcher in enumerate(matchers):
+                matcher.unsafe_compute_mask_ptr(start + index * row_bytes, row_bytes)
         # Bit t of little-endian word w is token 32 w + t: one unpack gives a byte per token. The
         # masks cover the model's vocabulary (the tokenizer was sized to it), rounded up to 32.
         allowed = numpy.unpackbits(bitmask.view(numpy.uint8), axis=1, bitorder="little")[:, : self.vocab_size]
@@ -156,13 +189,14 @@ class GrammarConstraints:
         request ends with an error at this step.
         """
         chosen = tokens[constrained.index].tolist()
-        fed = [
-            (matcher, token)
-            for matcher, token in zip(constrained.matchers, chosen, strict=True)
-            if token != NON_FINITE_TOKEN
-        ]
-        accepted = self._executor.consume_token_par(fed)
-        metrics.CONSTRAINED_TOKENS.inc(len(fed))
-        for (matcher, _), ok in zip(fed, accepted, strict=True):
-            if not ok:  # cannot happen for a token its own mask allowed; say so rather than hide it
+        fed = 0
+        # One row after another: a token takes a matcher well under a microsecond, where
+        # llguidance's parallel consume cost ~2.5 us a row in hand-offs (docs/benchmarks.md, B5).
+        for matcher, token in zip(constrained.matchers, chosen, strict=True):
+            if token == NON_FINITE_TOKEN:
+                continue
+            fed += 1
+            if not matcher.consume_token(token):
+                # Cannot happen for a token its own mask allowed; say so rather than hide it.
                 log.error("a constrained token was refused by its grammar: %s", matcher.get_error())
+        metrics.CONSTRAINED_TOKENS.inc(fed)
