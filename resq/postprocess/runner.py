@@ -151,8 +151,13 @@ HANDED_OVER = "handed-over"
 """What :func:`run_postprocess` returns when it stopped because another post-processor took over."""
 
 
+OPENING_READS = 2
+"""How many commands :func:`stage_opening_reads` queues."""
+
+
 def stage_opening_reads(pipe: Pipeline, response_id: str) -> None:
-    """Queue on ``pipe`` what :func:`run_postprocess` reads first: the record and the log's last event."""
+    """Queue on ``pipe`` what :func:`run_postprocess` reads first: the record and the log's last event
+    (:data:`OPENING_READS` commands)."""
     pipe.hmget(keys.record(response_id), records.PROCESSING_FIELDS)
     pipe.xrevrange(keys.events(response_id), count=1)
 

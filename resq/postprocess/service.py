@@ -12,10 +12,13 @@ import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from redis.client import Pipeline
+
+from resq import keys
 from resq.catalog import ModelCatalog
 from resq.postprocess.observed import postprocess_response
-from resq.postprocess.runner import HANDED_OVER, stage_opening_reads
-from resq.postprocess.token_hub import TokenStreamHub
+from resq.postprocess.runner import HANDED_OVER, OPENING_READS, stage_opening_reads
+from resq.postprocess.token_hub import TokenSource, TokenStreamHub
 from resq.recovery.leases import PostprocessLeases
 from resq.redis_client import sync_redis
 from resq.settings import Settings
@@ -45,14 +48,24 @@ class PostprocessService:
 
     def run(self, response_id: str) -> str:
         """Post-process ``response_id`` here, unless a live post-processor already does (blocking)."""
-        # The lease and the post-processor's first reads in one round trip.
-        taken, opening = self.leases.take_along(
-            response_id, lambda pipe: stage_opening_reads(pipe, response_id)
-        )
-        if not taken:
-            log.info("%s is post-processed elsewhere; nothing to do", response_id)
-            return OWNED_ELSEWHERE
-        return self._run_held(response_id, opening)
+        # The token stream joins the hub first, from its start (no catch-up read); the lease, the
+        # post-processor's first reads and the hub's wake-up then go in one round trip.
+        source = self._tokens.open_joined(keys.tokens(response_id))
+        try:
+
+            def stage(pipe: Pipeline) -> None:
+                stage_opening_reads(pipe, response_id)
+                source.stage_wake(pipe)
+
+            taken, replies = self.leases.take_along(response_id, stage)
+            source.sent()
+            if not taken:
+                log.info("%s is post-processed elsewhere; nothing to do", response_id)
+                return OWNED_ELSEWHERE
+            opening = replies[:OPENING_READS] if replies is not None else None
+            return self._run_held(response_id, opening, source)
+        finally:
+            source.close()
 
     def submit(self, response_id: str) -> Future[str]:
         """Post-process ``response_id`` on this process's pool (the inline API)."""
@@ -70,7 +83,9 @@ class PostprocessService:
                 log.warning("taking over post-processing of %s (its post-processor is gone)", response_id)
                 self._pool.submit(self._run_held, response_id).add_done_callback(_report)
 
-    def _run_held(self, response_id: str, opening: list[Any] | None = None) -> str:
+    def _run_held(
+        self, response_id: str, opening: list[Any] | None = None, tokens: TokenSource | None = None
+    ) -> str:
         try:
             status = postprocess_response(
                 self._redis,
@@ -78,7 +93,7 @@ class PostprocessService:
                 self._settings,
                 response_id,
                 keep_going=lambda: self.leases.holds(response_id),
-                tokens=self._tokens,
+                tokens=tokens or self._tokens,
                 opening=opening,
             )
         except BaseException:

@@ -264,3 +264,74 @@ def test_a_batch_its_consumer_hands_back_wakes_the_reader(redis_client: Redis) -
         reader.close()
         hub.close()
         redis_client.delete(key, consumer.counter)
+
+
+def _blocked_hub(redis_client: Redis, busy: str) -> tuple[TokenStreamHub, TokenStream]:
+    """A hub whose read blocks for 20 s on ``busy`` alone (a new stream needs a wake-up)."""
+    hub = TokenStreamHub(redis_client, block_ms=20_000)
+    first = hub.open(busy)
+    assert first.read("0-0", 512, 200) == []
+    time.sleep(0.2)
+    return hub, first
+
+
+@pytest.mark.timeout(30)
+def test_a_stream_joined_before_the_lease_is_read_from_its_start_without_a_catch_up_read(
+    redis_client: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A post-processor's opening: join, wake-up in its own round trip, no ``XRANGE``."""
+    busy, fresh = "test:token-hub:joined-busy", "test:token-hub:joined"
+    redis_client.delete(busy, fresh)
+    redis_client.xadd(fresh, {"n": 1}, id="0-1")  # published before the post-processor came
+    hub, first = _blocked_hub(redis_client, busy)
+    ranges: list[Any] = []
+    real_xrange = redis_client.xrange
+    monkeypatch.setattr(redis_client, "xrange", lambda *a, **k: ranges.append(a) or real_xrange(*a, **k))
+    try:
+        source = hub.open_joined(fresh)
+        pipe = redis_client.pipeline(transaction=False)
+        pipe.exists(fresh)  # the caller's own commands (the lease's, in a post-process worker)
+        source.stage_wake(pipe)
+        assert len(pipe.execute()) == 3  # the wake-up rode along: two commands
+        source.sent()
+        reader = source.open(fresh)
+        redis_client.xadd(fresh, {"n": 2}, id="0-2")
+        started = time.monotonic()
+        assert _read_until(reader, b"0-2") == [b"0-1", b"0-2"]
+        assert time.monotonic() - started < 4  # woken: far below the hub's 20 s block
+        assert ranges == []
+        reader.close()
+        source.close()
+        # A second open of the same stream (a rebuild) is a fresh reader with its catch-up read.
+        again = source.open(fresh)
+        assert _read_until(again, b"0-2") == [b"0-1", b"0-2"]
+        assert ranges != []
+        again.close()
+        first.close()
+    finally:
+        hub.close()
+        redis_client.delete(busy, fresh)
+
+
+@pytest.mark.timeout(30)
+def test_a_wake_up_owed_by_a_joined_stream_that_was_never_read_is_sent_when_it_closes(
+    redis_client: Redis,
+) -> None:
+    """A post-processor that found the response owned elsewhere must not leave the hub without
+    the wake-up it owed: the next stream to join relies on it and does not send its own."""
+    busy, dropped, later = "test:token-hub:owed-busy", "test:token-hub:owed", "test:token-hub:owed-later"
+    redis_client.delete(busy, dropped, later)
+    hub, first = _blocked_hub(redis_client, busy)
+    try:
+        hub.open_joined(dropped).close()  # nothing staged, nothing sent
+        second = hub.open(later)
+        assert second.read("0-0", 512, 100) == []  # joined, relying on the owed wake-up
+        redis_client.xadd(later, {"n": 1}, id="0-1")
+        started = time.monotonic()
+        assert [entry_id for entry_id, _ in second.read("0-0", 512, 5_000)] == [b"0-1"]
+        assert time.monotonic() - started < 4
+        second.close()
+        first.close()
+    finally:
+        hub.close()
+        redis_client.delete(busy, dropped, later)
