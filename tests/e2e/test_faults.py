@@ -31,7 +31,7 @@ from resq.faults import FAULT_EXIT_CODE
 from resq.redis_types import range_entries
 from tests.e2e.conftest import MODEL
 from tests.fixture_model import scenario
-from tests.support.invariants import as_dict, check_stream, output_text
+from tests.support.invariants import TERMINAL, as_dict, check_stream, output_text
 from tests.support.processes import (
     START_TIMEOUT_S,
     ProcessGroup,
@@ -673,8 +673,29 @@ def wait_for_fault(role: RoleProcess, point: str) -> None:
     assert f"fault point {point} reached" in role.log_tail(50)
 
 
+TERMINAL_LOGGED_BOUND_S = 10.0
+"""How long a test that saw the final record waits for the terminal event that follows it."""
+
+
 def logged_events(r: redis.Redis, response_id: str) -> list[dict[str, Any]]:
-    return [json.loads(fields[b"data"]) for _, fields in range_entries(r.xrange(keys.events(response_id)))]
+    """The response's event log once it ends with a terminal event.
+
+    A post-processor writes the final record, then logs the terminal event (the record is what a
+    takeover logs it from), so a test that polled the record until it was final can read the log
+    a moment before its end: it waits for it, and fails if it never comes.
+    """
+
+    def read() -> list[dict[str, Any]]:
+        return [
+            json.loads(fields[b"data"]) for _, fields in range_entries(r.xrange(keys.events(response_id)))
+        ]
+
+    wait_until(
+        lambda: (events := read()) != [] and events[-1]["type"] in TERMINAL,
+        TERMINAL_LOGGED_BOUND_S,
+        f"the terminal event of {response_id} to be logged",
+    )
+    return read()
 
 
 @pytest.mark.parametrize("point", ["postprocess.after_final_record", "postprocess.after_conversation_append"])
