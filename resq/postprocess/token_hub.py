@@ -238,33 +238,30 @@ class _HubStream:
         without this stream): stage one with :meth:`TokenStreamHub.stage_wake`, or the stream
         joins at the hub's next read, within its block time.
         """
-        with self._ready:
-            self._entries.clear()
-            self.position = self._consumed = (0, 0)
-            hub_position, wake = self._hub.join(self, send_wake=False)
-            if hub_position > self.position:
-                # Another reader here follows the stream and the hub read on: fetch what it read.
-                self._take(range_entries(self._hub.redis.xrange(self.key, max=format_id(hub_position))))
-        return wake
+        return self._restart_from((0, 0), catch_up=False, send_wake=False)
 
-    def _restart_from(self, after_id: StreamId) -> None:
-        """Catch up from ``after_id`` (the first read, or a reader that went back) and join the hub.
+    def _restart_from(self, after_id: StreamId, catch_up: bool = True, send_wake: bool = True) -> bool:
+        """Catch up from ``after_id`` (the first read, or a reader that went back) and join the hub;
+        whether the hub's blocked read needed a wake-up (sent unless ``send_wake`` is false).
 
-        Holds this reader's lock throughout, so the hub's deliveries wait and land after the
-        catch-up, in order; the hub never holds its own lock while it delivers.
+        ``catch_up`` false skips the ``XRANGE`` from ``after_id``: for a stream the hub will read
+        from there itself. Holds this reader's lock throughout, so the hub's deliveries wait and
+        land after the catch-up, in order; the hub never holds its own lock while it delivers.
         """
         with self._ready:
             self._entries.clear()
             self.position = after_id
             self._consumed = after_id
-            self._take(range_entries(self._hub.redis.xrange(self.key, min=f"({format_id(after_id)}")))
-            hub_position, _ = self._hub.join(self)
+            if catch_up:
+                self._take(range_entries(self._hub.redis.xrange(self.key, min=f"({format_id(after_id)}")))
+            hub_position, wake = self._hub.join(self, send_wake)
             if hub_position > self.position:
                 # The hub read past this reader's position before it joined: fetch the gap.
                 gap = self._hub.redis.xrange(
                     self.key, min=f"({format_id(self.position)}", max=format_id(hub_position)
                 )
                 self._take(range_entries(gap))
+        return wake
 
     def close(self) -> None:
         self._hub.leave(self)
