@@ -55,24 +55,35 @@ def load_options(rounds: int) -> Callable[[F], F]:
 
 
 async def load(
-    stack: ResqStack, concurrency: int, tokens: int, repeats: int = 1
+    stack: ResqStack,
+    concurrency: int,
+    tokens: int,
+    repeats: int = 1,
+    text: dict[str, object] | None = None,
 ) -> tuple[list[clients.StreamTiming], float]:
     """``concurrency`` clients at once against ``stack``, each making ``repeats`` greedy streams of
-    ``tokens`` tokens in a row; timings and wall time."""
+    ``tokens`` tokens in a row (``text``: e.g. a ``text.format`` to constrain them); timings and
+    wall time."""
     async with clients.new_client() as client:
         return await clients.concurrently(
             concurrency,
-            lambda: clients.resq_stream(client, stack.base_url, stack.model.served_name, tokens),
+            lambda: clients.resq_stream(client, stack.base_url, stack.model.served_name, tokens, text),
             repeats,
         )
 
 
-def measure_once(system: HttpSystems, concurrency: int, tokens: int, repeats: int = 1) -> dict[str, float]:
+def measure_once(
+    system: HttpSystems,
+    concurrency: int,
+    tokens: int,
+    repeats: int = 1,
+    text: dict[str, object] | None = None,
+) -> dict[str, float]:
     """One loaded run of ``system``'s stack: its metrics (raises when a stream failed or was short)."""
     meter = system.meter("resq")
     engine = meter.engine_keys()
     before = cpu_accounting.thread_times(meter.pids)
-    timings, wall = asyncio.run(load(system.stack, concurrency, tokens, repeats))
+    timings, wall = asyncio.run(load(system.stack, concurrency, tokens, repeats, text))
     after = cpu_accounting.thread_times(meter.pids)
     bad = [timing for timing in timings if timing.error is not None or timing.tokens != tokens]
     if bad:
@@ -94,6 +105,7 @@ def paired_rounds(
     tokens: int,
     rounds: int,
     repeats: int = 1,
+    text: dict[str, object] | None = None,
 ) -> ResultSet:
     """Warm every system up at full width, then measure ``rounds`` rounds of all of them, back to
     back in an order rotated per round (:func:`bench.stats.alternated`); each run is printed.
@@ -105,7 +117,7 @@ def paired_rounds(
     results = ResultSet()
     for round_index in range(rounds):
         for name in alternated(list(systems), round_index):
-            metrics = measure_once(systems[name], concurrency, tokens, repeats)
+            metrics = measure_once(systems[name], concurrency, tokens, repeats, text)
             results.add(RunRecord(scenario, name, model, concurrency, round_index, metrics))
             click.echo(
                 f"round {round_index + 1}: {name}: {metrics['tok_s']:7.1f} tok/s, "

@@ -8,7 +8,8 @@ workers, API, each with its own redis-server), side by side, and loads them one 
 per second, tokens per delta, TTFT p50 and B7's CPU per streamed token outside the engine thread
 by process (:mod:`bench.cpu_accounting`). With ``--repeats N`` each client makes N requests in a
 row per run: with short requests (``--tokens 16``) that measures what a request costs rather than
-its tokens, over enough requests for psutil's 10 ms clock. With ``--probes N``, each round also times N sequential
+its tokens, over enough requests for psutil's 10 ms clock. ``--structured`` constrains every
+stream by B5's JSON schema (:data:`bench.structured.TEXT`). With ``--probes N``, each round also times N sequential
 one-client streams of 4 tokens per tree (B2's probe: the latency of the path itself, with no
 batching to hide it); ``--clients 0`` runs only those. Every ratio is the median of per-round ratios.
 
@@ -31,6 +32,7 @@ import click
 import redis
 
 from bench import clients, cpu_accounting
+from bench import structured as structured_text
 from bench.configurations import ROLES, paired_rounds
 from bench.models import ensure_bench, ensure_tiny
 from bench.procs import ProcGroup
@@ -125,6 +127,11 @@ def _worktree(rev: str) -> Path:
     help="Requests each client makes in a row per run (e.g. 8 with --tokens 16: costs per request).",
 )
 @click.option(
+    "--structured",
+    is_flag=True,
+    help="Constrain every stream by B5's JSON schema (bench.structured) instead of plain text.",
+)
+@click.option(
     "--probes",
     type=int,
     default=0,
@@ -132,7 +139,14 @@ def _worktree(rev: str) -> Path:
     help="Sequential one-client TTFT probes per tree and round.",
 )
 def main(
-    base: str, model: str, rounds: int, concurrency: int, tokens: int, repeats: int, probes: int
+    base: str,
+    model: str,
+    rounds: int,
+    concurrency: int,
+    tokens: int,
+    repeats: int,
+    structured: bool,
+    probes: int,
 ) -> None:
     """This checkout against ``--base``, side by side, paired per round."""
     cache = Path.home() / ".cache" / "resq" / "bench-models"
@@ -154,9 +168,13 @@ def main(
         for name, system in systems.items():
             trees = sorted({os.readlink(f"/proc/{proc.pid}/cwd") for proc in system.stack.procs})
             click.echo(f"{name}: processes started in {', '.join(trees)}")
-        click.echo(f"model {served.key}; {concurrency} clients x {repeats} x {tokens} tokens; logs in {logs}")
+        kind = "structured (B5's schema)" if structured else "plain"
+        click.echo(
+            f"model {served.key}; {concurrency} clients x {repeats} x {tokens} tokens, {kind}; logs in {logs}"
+        )
         if concurrency:
-            results = paired_rounds(systems, SCENARIO, served.key, concurrency, tokens, rounds, repeats)
+            text = structured_text.TEXT if structured else None
+            results = paired_rounds(systems, SCENARIO, served.key, concurrency, tokens, rounds, repeats, text)
             click.echo("")
             click.echo(to_markdown(versus_table(results, base, served.key, concurrency)))
         if probes:
