@@ -349,10 +349,13 @@ def b5_table(results: ResultSet) -> Table:
                 for kind in ("plain", "structured")
             ]
         cells.append(fmt(mask[0].metrics["us_per_token"]) if mask else "-")
+        share = mask[0].metrics.get("masked_share") if mask else None
+        cells.append(f"{100 * share:.0f}%" if share is not None else "-")
         rows.append(cells)
     headers = [
         "model", "clients", "structured / plain per round", "median",
         "TTFT p50 plain", "structured", "TTFT p99 plain", "structured", "mask us / token",
+        "tokens masked",
     ]  # fmt: skip
     return Table(
         "B5 structured outputs (json_schema vs plain, tok/s ratio paired per round; ms)", headers, rows

@@ -65,12 +65,17 @@ class B5Result:
     runs: list[KindRun] = field(default_factory=list)
     mask_us_per_token: float | None = None
     mask_ms_per_step: float | None = None
+    masked_share: float | None = None
+    """Of the constrained tokens, the share chosen under a mask (masked first, or refused by their
+    grammar after a choice without one and chosen again)."""
 
     def records(self, model: str, clients_count: int) -> list[RunRecord]:
         """The runs as the bench's records (``B5`` per kind and round, ``B5mask`` once)."""
         found = [run_record(run, model, clients_count) for run in self.runs]
         if self.mask_us_per_token is not None and self.mask_ms_per_step is not None:
             mask = {"us_per_token": self.mask_us_per_token, "ms_per_step": self.mask_ms_per_step}
+            if self.masked_share is not None:
+                mask["masked_share"] = self.masked_share
             found.append(RunRecord("B5mask", "structured", model, clients_count, 0, metrics=mask))
         return found
 
@@ -94,12 +99,13 @@ def gpu_worker_env(metrics_port: int) -> dict[str, str]:
 
 
 def _samples(text: str) -> dict[str, float]:
-    """Every unlabelled sample of a Prometheus exposition, by sample name."""
+    """Every sample of a Prometheus exposition with at most one label, by sample name (and
+    ``name:value`` of its label)."""
     return {
-        sample.name: sample.value
+        ":".join([sample.name, *sample.labels.values()]): sample.value
         for family in text_string_to_metric_families(text)
         for sample in family.samples
-        if not sample.labels
+        if len(sample.labels) <= 1
     }
 
 
@@ -164,6 +170,7 @@ async def measure(
         mask_s = grown("resq_grammar_mask_seconds_sum")
         result.mask_us_per_token = mask_s / constrained * 1e6
         result.mask_ms_per_step = mask_s / max(grown("resq_grammar_mask_seconds_count"), 1) * 1e3
+        result.masked_share = 1 - grown("resq_grammar_token_checks_total:accepted") / constrained
     return result
 
 
@@ -174,7 +181,8 @@ def _print(result: B5Result, model: str, clients_count: int) -> None:
     click.echo(f"\n{target.name}: {fmt_ratio(target.measured)}, target >= {target.bound}: {target.verdict()}")
     if result.mask_ms_per_step is not None:
         click.echo(
-            f"mask time per step with constrained rows: {result.mask_ms_per_step:.3f} ms (overlaps the forward pass)"
+            f"mask time per step with masked rows: {result.mask_ms_per_step:.3f} ms; "
+            f"constrained tokens chosen under a mask: {100 * (result.masked_share or 0):.0f}%"
         )
 
 

@@ -7,9 +7,24 @@ row's logits before the token is chosen, and hands the chosen tokens back so tha
 each matcher advances. Rows of unconstrained requests are never touched, and a step
 without constrained rows costs one dictionary look-up.
 
-The masks are computed while the forward pass runs: :meth:`GrammarConstraints.start_masks`
-fills and unpacks them on a helper thread (llguidance releases the GIL) and the step collects them
-once the logits exist. A large vocabulary on a host with cores to spare has its rows spread over
+Most constrained rows need no mask at all. A row that is greedy, or drawn from its whole
+distribution (``top_p`` 1), is *checked after its choice*: the step chooses its token from the
+unmasked logits and the matcher tries it (:meth:`GrammarConstraints.check`, well under a
+microsecond); only a row whose token the grammar refuses gets its mask, and is chosen again
+from the masked logits with the same noise. This is exact. The greedy choice of the masked
+logits is the unmasked argmax whenever the grammar allows it, and a draw that keeps an allowed
+token and redraws a refused one under the mask gives each allowed token ``p / p(allowed)``, the
+masked distribution. A seeded row redraws with its own noise, so it picks what the mask-first
+path would have picked. A model that follows its format, as a trained model does, almost never
+needs a mask. The one difference from llguidance's mask: the mask also steers forced text
+towards its canonical tokens (``",`` rather than ``"`` then ``,``), and a check keeps the
+model's own split of the same text, which the grammar accepts all the same.
+
+A row drawn from a nucleus (``top_p`` < 1) cannot be checked afterwards (the nucleus of the
+masked distribution is not the nucleus of the unmasked one), so its mask is computed first,
+while the forward pass runs: :meth:`GrammarConstraints.start_masks` fills and unpacks those masks
+on a helper thread (llguidance releases the GIL) and the step collects them once the logits
+exist. A large vocabulary on a host with cores to spare has its rows spread over
 llguidance's own threads; a small one, or a host of two cores, fills them one after the other on
 the helper thread (:func:`masks_in_parallel`): there a row takes a few microseconds, less than
 handing it to another thread. A chosen token is fed to its matcher on the engine thread, one row
@@ -28,7 +43,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy
 import torch
@@ -62,15 +77,30 @@ class GrammarRefusedError(ValueError):
 
 @dataclass
 class ConstrainedRows:
-    """The constrained rows of one step and their masks (filled by a helper thread)."""
+    """The constrained rows of one step: those masked before the choice and those checked after it."""
 
-    rows: list[int]
-    index: torch.Tensor
-    """``rows`` as a tensor, on the logits' device."""
-    matchers: list[LLMatcher]
-    forbidden: Future[tuple[torch.Tensor, float]]
-    """Done once the masks are computed: bool [len(rows), vocab], True where a grammar forbids the
-    token, and the seconds it took."""
+    masked_rows: list[int]
+    """Rows whose masks are computed before the choice (a nucleus draw)."""
+    masked_index: torch.Tensor
+    """``masked_rows`` as a tensor, on the logits' device."""
+    masked_matchers: list[LLMatcher]
+    forbidden: Future[tuple[torch.Tensor, float]] | None
+    """Done once the masks of ``masked_rows`` are computed: bool [len(masked_rows), vocab], True where
+    a grammar forbids the token, and the seconds it took (None without such rows)."""
+    checked_rows: list[int]
+    """Rows whose chosen token is tried against the grammar after the choice (greedy, or a draw
+    from the whole distribution)."""
+    checked_matchers: list[LLMatcher]
+    refused_rows: list[int] = field(default_factory=list)
+    """Checked rows whose token the grammar refused (set by :meth:`GrammarConstraints.check`): masked
+    and chosen again, then fed by :meth:`GrammarConstraints.advance`."""
+    refused_matchers: list[LLMatcher] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class _Constrained:
+    matcher: LLMatcher
+    checked_after_choice: bool
 
 
 class GrammarConstraints:
@@ -82,12 +112,16 @@ class GrammarConstraints:
         vocab_size: int,
         eos_token_ids: list[int],
         parallel: bool | None = None,
+        check_after_choice: bool = True,
     ) -> None:
         """``parallel``: spread a step's masks over llguidance's threads; None decides by
-        :func:`masks_in_parallel` on this host."""
+        :func:`masks_in_parallel` on this host. ``check_after_choice``: check the tokens of the
+        rows that allow it after their choice instead of masking them first (False masks every
+        row first, for comparison)."""
         self._tokenizer = LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos_token_ids or None)
         self.vocab_size = vocab_size
         self._eos_tokens = numpy.asarray([t for t in eos_token_ids if t < vocab_size], dtype=numpy.int64)
+        self._eos_set = frozenset(int(t) for t in self._eos_tokens)
         self._compiled: OrderedDict[str, LLMatcher] = OrderedDict()
         """Recently used grammars, compiled once: a request's matcher is a copy of one (about
         1 us, where a compile takes 0.5 ms and more)."""
@@ -96,22 +130,29 @@ class GrammarConstraints:
             parallel = masks_in_parallel(vocab_size, os.cpu_count())
         self._executor: LLExecutor | None = LLExecutor() if parallel else None
         self._filler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="resq-masks")
-        self._matchers: dict[str, LLMatcher] = {}
+        self.check_after_choice = check_after_choice
+        """Whether requests added from now on are checked after their choice when they allow it."""
+        self._requests: dict[str, _Constrained] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         """How many requests are constrained now (a step checks this before anything else)."""
-        return len(self._matchers)
+        return len(self._requests)
 
-    def add(self, request_id: str, grammar: str, replay: list[int]) -> None:
-        """Constrain ``request_id`` by ``grammar``, after ``replay`` (tokens it already generated)."""
+    def add(self, request_id: str, grammar: str, replay: list[int], checkable: bool = False) -> None:
+        """Constrain ``request_id`` by ``grammar``, after ``replay`` (tokens it already generated).
+
+        ``checkable``: the request's draw allows a check after the choice (it is greedy, or drawn
+        from the whole distribution: no ``top_p`` below 1), so its rows need a mask only when the
+        grammar refuses the token chosen without one.
+        """
         matcher = self._compile(grammar).deep_copy()
         if replay and not matcher.consume_tokens(replay):
             raise GrammarRefusedError(
                 f"the tokens already generated do not follow the grammar: {matcher.get_error()}"
             )
         with self._lock:
-            self._matchers[request_id] = matcher
+            self._requests[request_id] = _Constrained(matcher, checkable and self.check_after_choice)
 
     def _compile(self, grammar: str) -> LLMatcher:
         with self._lock:
@@ -131,22 +172,36 @@ class GrammarConstraints:
     def forget(self, request_id: str) -> None:
         """Drop the matcher of a request that ended (or never had one)."""
         with self._lock:
-            self._matchers.pop(request_id, None)
+            self._requests.pop(request_id, None)
 
     def start_masks(self, row_request_ids: list[str], device: torch.device) -> ConstrainedRows | None:
-        """Begin filling the masks of the constrained rows of a step; None when it has none."""
+        """The constrained rows of a step, the masks of those that need them first already being
+        filled; None when the step has no constrained row."""
         with self._lock:
-            found = [(row, self._matchers.get(rid)) for row, rid in enumerate(row_request_ids)]
-        rows = [row for row, matcher in found if matcher is not None]
-        if not rows:
+            found = [(row, self._requests.get(rid)) for row, rid in enumerate(row_request_ids)]
+        masked = [
+            (row, request.matcher) for row, request in found if request and not request.checked_after_choice
+        ]
+        checked = [
+            (row, request.matcher) for row, request in found if request and request.checked_after_choice
+        ]
+        if not masked and not checked:
             return None
-        matchers = [matcher for _, matcher in found if matcher is not None]
-        forbidden = self._filler.submit(self._forbidden_tokens, matchers)
-        return ConstrainedRows(rows, torch.tensor(rows, device=device), matchers, forbidden)
+        masked_rows = [row for row, _ in masked]
+        masked_matchers = [matcher for _, matcher in masked]
+        return ConstrainedRows(
+            masked_rows=masked_rows,
+            masked_index=torch.tensor(masked_rows, device=device),
+            masked_matchers=masked_matchers,
+            forbidden=self._filler.submit(self._forbidden_tokens, masked_matchers) if masked else None,
+            checked_rows=[row for row, _ in checked],
+            checked_matchers=[matcher for _, matcher in checked],
+        )
 
     def _forbidden_tokens(self, matchers: list[LLMatcher]) -> tuple[torch.Tensor, float]:
-        # Runs on the helper thread, all of it while the forward pass runs: the mask fill
-        # (llguidance, GIL released) and unpacking its bits into one boolean per token.
+        # On the helper thread while the forward pass runs (masks first), or on the engine thread
+        # for refused rows: the mask fill (llguidance, GIL released) and unpacking its bits into
+        # one boolean per token.
         started = time.perf_counter()
         bitmask = numpy.zeros((len(matchers), self._words), dtype=numpy.int32)
         row_bytes = self._words * 4
@@ -171,32 +226,81 @@ class GrammarConstraints:
         return torch.from_numpy(allowed == 0), time.perf_counter() - started
 
     def apply(self, constrained: ConstrainedRows, logits: torch.Tensor) -> torch.Tensor:
-        """``logits`` [rows, vocab] with every token a constrained row's grammar forbids at -inf (a copy)."""
+        """``logits`` [rows, vocab] with every token forbidden to a row masked first at -inf (a copy,
+        or ``logits`` itself when no row is masked first)."""
+        if constrained.forbidden is None:
+            return logits
         forbidden, elapsed = constrained.forbidden.result()
-        forbidden = forbidden.to(logits.device, non_blocking=True)
-        if len(constrained.rows) == logits.shape[0]:  # every row constrained: one masking op
-            masked = logits.masked_fill(forbidden, float("-inf"))
-        else:
-            masked = logits.clone()
-            masked[constrained.index] = logits[constrained.index].masked_fill(forbidden, float("-inf"))
         metrics.GRAMMAR_MASK_SECONDS.observe(elapsed)
-        return masked
+        return _masked(logits, constrained.masked_rows, constrained.masked_index, forbidden)
 
-    def advance(self, constrained: ConstrainedRows, tokens: torch.Tensor) -> None:
-        """Feed each constrained row's chosen token (of ``tokens`` [rows]) to its matcher.
+    def check(self, constrained: ConstrainedRows, tokens: list[int]) -> list[int]:
+        """Feed each checked row's chosen token (``tokens``: one per row of the step) to its matcher
+        if its grammar accepts it; the rows it refused, which must be masked and chosen again.
+
+        A row reported as :data:`~gpu_worker.sampling.NON_FINITE_TOKEN` is neither fed nor
+        refused: its request ends with an error at this step.
+        """
+        refused_rows: list[int] = []
+        refused_matchers: list[LLMatcher] = []
+        for row, matcher in zip(constrained.checked_rows, constrained.checked_matchers, strict=True):
+            token = tokens[row]
+            if token != NON_FINITE_TOKEN and not self._consumed(matcher, token):
+                refused_rows.append(row)
+                refused_matchers.append(matcher)
+        constrained.refused_rows = refused_rows
+        constrained.refused_matchers = refused_matchers
+        accepted = len(constrained.checked_rows) - len(refused_rows)
+        metrics.CONSTRAINED_TOKENS.inc(accepted)
+        metrics.GRAMMAR_TOKEN_CHECKS.labels(outcome="accepted").inc(accepted)
+        metrics.GRAMMAR_TOKEN_CHECKS.labels(outcome="refused").inc(len(refused_rows))
+        return refused_rows
+
+    def _consumed(self, matcher: LLMatcher, token: int) -> bool:
+        # An end token is the mask's to allow whenever the grammar accepts (even once it can take
+        # nothing more), where trying it as input refuses it: asked apart, as the mask has it.
+        if token in self._eos_set:
+            return bool(matcher.is_accepting()) and bool(matcher.consume_token(token))
+        return bool(matcher.try_consume_tokens([token]) == 1)
+
+    def mask_refused(self, constrained: ConstrainedRows, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` [refused rows, vocab] (the refused rows' logits, in order) with every token
+        their grammars forbid at -inf, the masks computed now (a copy)."""
+        forbidden, elapsed = self._forbidden_tokens(constrained.refused_matchers)
+        metrics.GRAMMAR_MASK_SECONDS.observe(elapsed)
+        return logits.masked_fill(forbidden.to(logits.device, non_blocking=True), float("-inf"))
+
+    def advance(self, constrained: ConstrainedRows, tokens: list[int]) -> None:
+        """Feed the tokens chosen under a mask (``tokens``: one per row of the step) to their matchers:
+        the rows masked first and the refused rows chosen again.
 
         A row reported as :data:`~gpu_worker.sampling.NON_FINITE_TOKEN` is skipped: its
         request ends with an error at this step.
         """
-        chosen = tokens[constrained.index].tolist()
         fed = 0
         # One row after another: a token takes a matcher well under a microsecond, where
         # llguidance's parallel consume cost ~2.5 us a row in hand-offs (docs/benchmarks.md, B5).
-        for matcher, token in zip(constrained.matchers, chosen, strict=True):
-            if token == NON_FINITE_TOKEN:
-                continue
-            fed += 1
-            if not matcher.consume_token(token):
-                # Cannot happen for a token its own mask allowed; say so rather than hide it.
-                log.error("a constrained token was refused by its grammar: %s", matcher.get_error())
+        for rows, matchers in (
+            (constrained.masked_rows, constrained.masked_matchers),
+            (constrained.refused_rows, constrained.refused_matchers),
+        ):
+            for row, matcher in zip(rows, matchers, strict=True):
+                token = tokens[row]
+                if token == NON_FINITE_TOKEN:
+                    continue
+                fed += 1
+                if not matcher.consume_token(token):
+                    # Cannot happen for a token its own mask allowed; say so rather than hide it.
+                    log.error("a constrained token was refused by its grammar: %s", matcher.get_error())
         metrics.CONSTRAINED_TOKENS.inc(fed)
+
+
+def _masked(
+    logits: torch.Tensor, rows: list[int], index: torch.Tensor, forbidden: torch.Tensor
+) -> torch.Tensor:
+    forbidden = forbidden.to(logits.device, non_blocking=True)
+    if len(rows) == logits.shape[0]:  # every row masked: one masking op
+        return logits.masked_fill(forbidden, float("-inf"))
+    masked = logits.clone()
+    masked[index] = logits[index].masked_fill(forbidden, float("-inf"))
+    return masked

@@ -264,7 +264,9 @@ class Engine:
                 "(its engine step runs in a CUDA graph, compiled or batched ahead)"
             )
         if job.grammar is not None and self.constraints is not None:
-            self.constraints.add(request_id, job.grammar, generated or [])
+            # A greedy row, or one drawn from its whole distribution, is checked after its choice.
+            checkable = job.temperature < GREEDY_BELOW_TEMPERATURE or job.top_p >= 1.0
+            self.constraints.add(request_id, job.grammar, generated or [], checkable=checkable)
         if penalised and self.penalties is not None:
             # Before add_request: the engine may schedule the request's first step at once.
             self.penalties.add(request_id, job.frequency_penalty, job.presence_penalty, generated or [])

@@ -16,8 +16,15 @@ GENERATED_TOKENS = Counter(
 PROMPT_TOKENS = Counter("resq_prompt_tokens", "Prompt tokens of the requests admitted into the engine.")
 GRAMMAR_MASK_SECONDS = Histogram(
     "resq_grammar_mask_seconds",
-    "Time to compute the grammar masks of one engine step's constrained rows (overlaps the forward pass).",
+    "Time to compute one engine step's grammar masks: of the rows masked before the choice (overlaps the "
+    "forward pass), or of the rows whose token the grammar refused.",
     buckets=(0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5),
+)
+GRAMMAR_TOKEN_CHECKS = Counter(
+    "resq_grammar_token_checks",
+    "Constrained tokens chosen without a mask and tried against their grammar: accepted as chosen, "
+    "or refused (then masked and chosen again).",
+    ["outcome"],
 )
 CONSTRAINED_TOKENS = Counter(
     "resq_constrained_tokens", "Tokens chosen under a grammar (structured outputs, strict tools)."

@@ -23,9 +23,11 @@ the sampler takes its branch-free path, since a decision taken on the host at
 capture time would be replayed for every later batch.
 
 Constrained decoding happens here too: when :func:`enable` was given the engine's
-:class:`gpu_worker.constraints.GrammarConstraints`, the rows of constrained requests
-get their grammar masks (filled while the forward pass runs) before the tokens are
-chosen, and their matchers advance with the chosen tokens. Logprobs stay those of
+:class:`gpu_worker.constraints.GrammarConstraints`, the rows of constrained requests drawn
+from a nucleus get their grammar masks (filled while the forward pass runs) before the
+tokens are chosen; every other constrained row has its token chosen without a mask and
+tried by its grammar, and only a row whose token the grammar refuses is masked and chosen
+again. Their matchers advance with the chosen tokens. Logprobs stay those of
 the model's raw distribution. Rows map to requests through the order in which the
 batch was built (``req_id_to_new_token_position``, one entry per sampled row), which
 is why the engine turns off CUDA graphs and asynchronous batching while structured
@@ -53,7 +55,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from transformers.generation.continuous_batching.cb_logits_processors import (
@@ -64,7 +66,7 @@ from transformers.generation.continuous_batching.cb_logits_processors import (
 )
 from transformers.generation.continuous_batching.input_outputs import ContinuousBatchingAsyncIOs
 
-from gpu_worker.constraints import GrammarConstraints
+from gpu_worker.constraints import ConstrainedRows, GrammarConstraints
 from gpu_worker.penalties import Penalties
 from gpu_worker.raw_logprobs import chosen_token_logprobs
 from gpu_worker.runner_step import Step, wrap_step
@@ -134,6 +136,26 @@ def _row_request_ids(runner: Any) -> list[str]:
     return list(runner.inputs_and_outputs.req_id_to_new_token_position)
 
 
+class RowSettings(NamedTuple):
+    """Each row's draw settings, read from a step's argument rows."""
+
+    temperature: torch.Tensor
+    """float32 [n]."""
+    top_p: torch.Tensor
+    """float32 [n]."""
+    greedy: torch.Tensor
+    """bool [n]."""
+
+
+def row_settings(arguments: torch.Tensor, rows: ArgumentRows, count: int) -> RowSettings:
+    """The settings of the first ``count`` rows of a step's argument rows [k, >= count] (int32)."""
+    return RowSettings(
+        temperature=arguments[rows.temperature, :count].view(dtype=torch.float32),
+        top_p=arguments[rows.top_p, :count].view(dtype=torch.float32),
+        greedy=arguments[rows.top_k, :count] == 1,
+    )
+
+
 def choose_tokens(
     logits: torch.Tensor,
     arguments: torch.Tensor,
@@ -142,11 +164,55 @@ def choose_tokens(
     seeded: list[SeededRow] | None = None,
 ) -> Choice:
     """The next token of each row of ``logits`` [n, vocab] from the step's argument rows [k, >= n] (int32)."""
-    count = logits.shape[0]
-    temperature = arguments[rows.temperature, :count].view(dtype=torch.float32)
-    top_p = arguments[rows.top_p, :count].view(dtype=torch.float32)
-    greedy = arguments[rows.top_k, :count] == 1
-    return choose(logits, temperature, top_p, greedy, graph_safe=graph_safe, seeded=seeded)
+    settings = row_settings(arguments, rows, logits.shape[0])
+    return choose(
+        logits, settings.temperature, settings.top_p, settings.greedy, graph_safe=graph_safe, seeded=seeded
+    )
+
+
+def _checked_choice(
+    constraints: GrammarConstraints,
+    constrained: ConstrainedRows,
+    choice: Choice,
+    scores: torch.Tensor,
+    arguments: torch.Tensor,
+    rows: ArgumentRows,
+    graph_safe: bool,
+    seeded: list[SeededRow] | None,
+) -> tuple[Choice, list[int]]:
+    """``choice`` once the grammars checked their rows' tokens, with every refused row chosen again
+    from its masked logits; and the reported token of every row, on the host.
+
+    A seeded row is drawn again with its own noise, which picks what a mask applied first would
+    have picked; any other row's redraw is fresh noise, exact in distribution (see
+    :mod:`gpu_worker.constraints`).
+    """
+    reported = reported_tokens(choice).tolist()
+    refused = constraints.check(constrained, reported)
+    if not refused:
+        return choice, reported
+    index = torch.tensor(refused, device=scores.device)
+    masked = constraints.mask_refused(constrained, scores[index])
+    settings = row_settings(arguments, rows, scores.shape[0])
+    position = {row: at for at, row in enumerate(refused)}
+    again = choose(
+        masked,
+        settings.temperature[index],
+        settings.top_p[index],
+        settings.greedy[index],
+        graph_safe=graph_safe,
+        seeded=[
+            SeededRow(position[entry.row], entry.generator_seed)
+            for entry in seeded or ()
+            if entry.row in position
+        ],
+    )
+    for row, token in zip(refused, reported_tokens(again).tolist(), strict=True):
+        reported[row] = token
+    merged = Choice(
+        choice.tokens.index_put((index,), again.tokens), choice.finite.index_put((index,), again.finite)
+    )
+    return merged, reported
 
 
 def reported_tokens(choice: Choice) -> torch.Tensor:
@@ -207,13 +273,16 @@ def install() -> None:
                 scores = penalties.apply(penalised, scores)
             if constraints is not None and constrained is not None:
                 scores = constraints.apply(constrained, scores)
-            choice = choose_tokens(
-                scores, batch_data["logits_processor_args"], rows, bool(self.pad_inputs), seeded
-            )
+            arguments = batch_data["logits_processor_args"]
+            graph_safe = bool(self.pad_inputs)
+            choice = choose_tokens(scores, arguments, rows, graph_safe, seeded)
+            if constraints is not None and constrained is not None:
+                choice, chosen = _checked_choice(
+                    constraints, constrained, choice, scores, arguments, rows, graph_safe, seeded
+                )
+                constraints.advance(constrained, chosen)
             tokens = choice.tokens
             reported = reported_tokens(choice)
-            if constraints is not None and constrained is not None:
-                constraints.advance(constrained, reported)
             if penalties is not None and penalised is not None:
                 penalties.count(penalised, tokens)
             count = tokens.shape[0]

@@ -155,12 +155,13 @@ def test_b5_pairs_the_kinds_of_each_round_and_takes_the_median_of_the_ratios() -
                 "B5", "structured", "bench", 32, round_index, {"tok_s": structured}, {"ttft_ms": [12.0]}
             )
         )
-    results.add(RunRecord("B5mask", "structured", "bench", 32, 0, {"us_per_token": 60.0, "ms_per_step": 2.0}))
+    mask = {"us_per_token": 60.0, "ms_per_step": 2.0, "masked_share": 0.25}
+    results.add(RunRecord("B5mask", "structured", "bench", 32, 0, mask))
     assert b5_ratios(results, "bench") == [0.9, 0.5, 0.95]
     # Paired per round: the median of the ratios (0.9), not the ratio of medians (95 / 100).
     assert b5_ratio(results, "bench") == 0.9
     (row,) = b5_table(results).rows
-    assert row[:4] == ["bench", "32", "0.90, 0.50, 0.95", "0.90x"] and row[-1] == "60.0"
+    assert row[:4] == ["bench", "32", "0.90, 0.50, 0.95", "0.90x"] and row[-2:] == ["60.0", "25%"]
     (target,) = [found for found in targets(results) if found.name.startswith("B5")]
     assert target.met is True
 

@@ -1,18 +1,22 @@
 """Constrained decoding in the GPU worker's engine, on the built-in random-weight model (CPU).
 
-Random weights write valid JSON only when the grammar really masks every step: each
-schema's answers validate at temperature 0 and 1, while the same prompts without a
-grammar do not (so the check can fail). A greedy unconstrained request gets the same
-tokens with or without constrained neighbours in its batch, and a resumed generation
-replays its tokens into a fresh matcher and stays within the grammar.
+Random weights write valid JSON only when the grammar really constrains every step: each
+schema's answers validate at temperature 0 and 1, with tokens checked after their choice
+and with every row masked first, while the same prompts without a grammar do not (so the
+check can fail). Checking after the choice picks exactly the tokens masking first picks,
+greedy and seeded, and a nucleus draw is masked first. A greedy unconstrained request gets
+the same tokens with or without constrained neighbours in its batch, and a resumed
+generation replays its tokens into a fresh matcher and stays within the grammar.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from gpu_worker.engine import Engine
 from gpu_worker.model_loading import LoadedModel, load_model
@@ -69,24 +73,98 @@ def answer(loaded: LoadedModel, tokens: list[int]) -> str:
     return str(loaded.tokenizer.decode(tokens, skip_special_tokens=True))
 
 
+@contextmanager
+def checking_after_choice(engine: Engine, on: bool) -> Iterator[None]:
+    """Requests added inside are checked after their choice (``on``) or masked first."""
+    assert engine.constraints is not None
+    engine.constraints.check_after_choice = on
+    try:
+        yield
+    finally:
+        engine.constraints.check_after_choice = True
+
+
+def grammar_checks() -> dict[str, float]:
+    """The GPU worker's count of tokens checked after their choice, by outcome."""
+    return {
+        outcome: REGISTRY.get_sample_value("resq_grammar_token_checks_total", {"outcome": outcome}) or 0.0
+        for outcome in ("accepted", "refused")
+    }
+
+
+@pytest.mark.parametrize("checked", [True, False], ids=["checked-after-choice", "masked-first"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_every_constrained_answer_follows_its_schema(
-    loaded: LoadedModel, engine: Engine, temperature: float
+    loaded: LoadedModel, engine: Engine, temperature: float, checked: bool
 ) -> None:
     prompt_ids = prompt(loaded, "Answer in JSON.")
     jobs = [
         make_job(
-            f"resp_{name}_{temperature}", prompt_ids, temperature=temperature, grammar=schema_grammar(schema)
+            f"resp_{name}_{temperature}_{checked}",
+            prompt_ids,
+            temperature=temperature,
+            grammar=schema_grammar(schema),
         )
         for name, schema in SCHEMAS.items()
     ]
-    results = run_all(engine, jobs)
+    before = grammar_checks()
+    with checking_after_choice(engine, checked):
+        results = run_all(engine, jobs)
+    checks = {outcome: grammar_checks()[outcome] - before[outcome] for outcome in before}
+    if checked:  # both outcomes happened: the random model's tokens are often refused, sometimes not
+        assert checks["accepted"] > 0 and checks["refused"] > 0, checks
+    else:
+        assert checks == {"accepted": 0.0, "refused": 0.0}
     eos = set(loaded.card.eos_token_ids)
     for name, schema in SCHEMAS.items():
-        tokens = results[f"resp_{name}_{temperature}"]
+        tokens = results[f"resp_{name}_{temperature}_{checked}"]
         text = answer(loaded, tokens)
         assert tokens and tokens[-1] in eos, f"{name}: did not end when the grammar accepted: {text!r}"
         assert follows(text, schema), f"{name}: {text!r} does not follow {schema}"
+
+
+@pytest.mark.parametrize(("temperature", "seed"), [(0.0, None), (1.0, 11)], ids=["greedy", "seeded"])
+def test_checking_after_the_choice_picks_what_masking_first_picks(
+    loaded: LoadedModel, engine: Engine, temperature: float, seed: int | None
+) -> None:
+    prompts = [prompt(loaded, f"Answer in JSON, case {index}.") for index in range(2)]
+
+    def run(checked: bool) -> dict[str, list[int]]:
+        jobs = [
+            make_job(
+                f"resp_same_{name}_{index}_{checked}",
+                ids,
+                temperature=temperature,
+                seed=seed,
+                grammar=schema_grammar(schema),
+            )
+            for name, schema in SCHEMAS.items()
+            for index, ids in enumerate(prompts)
+        ]
+        with checking_after_choice(engine, checked):
+            results = run_all(engine, jobs)
+        return {request_id.rsplit("_", 1)[0]: tokens for request_id, tokens in results.items()}
+
+    before = grammar_checks()
+    checked = run(True)
+    refused = grammar_checks()["refused"] - before["refused"]
+    assert refused > 0, "no token was refused: the redraw under the mask never ran"
+    assert checked == run(False)
+
+
+def test_a_nucleus_draw_is_masked_before_its_choice(loaded: LoadedModel, engine: Engine) -> None:
+    schema = SCHEMAS["flat"]
+    job = make_job(
+        "resp_nucleus",
+        prompt(loaded, "Answer in JSON."),
+        temperature=1.0,
+        top_p=0.9,
+        grammar=schema_grammar(schema),
+    )
+    before = grammar_checks()
+    tokens = run_all(engine, [job])["resp_nucleus"]
+    assert grammar_checks() == before, "a nucleus row was checked after its choice"
+    assert follows(answer(loaded, tokens), schema)
 
 
 def test_without_a_grammar_the_same_requests_do_not_follow_the_schemas(
