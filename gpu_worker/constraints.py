@@ -1,17 +1,17 @@
 """Grammar matchers of the constrained requests in the engine, and the masks they put on logits.
 
 One llguidance matcher per request whose job carries a grammar (:mod:`resq.grammars`).
-At every engine step resq's sampling step (:mod:`gpu_worker.sampling_step`) asks for
-the masks of the batch rows that belong to constrained requests, applies each to its
-row's logits before the token is chosen, and hands the chosen tokens back so that
-each matcher advances. Rows of unconstrained requests are never touched, and a step
-without constrained rows costs one dictionary look-up.
+At every engine step resq's sampling step (:mod:`gpu_worker.sampling_step`) has each
+constrained row's token either checked by its matcher after the choice or chosen under
+its mask, and hands the chosen tokens back so that each matcher advances. Rows of
+unconstrained requests are never touched, and a step without constrained rows costs one
+dictionary look-up.
 
 Most constrained rows need no mask at all. A row that is greedy, or drawn from its whole
 distribution (``top_p`` 1), is *checked after its choice*: the step chooses its token from the
 unmasked logits and the matcher tries it (:meth:`GrammarConstraints.check`, well under a
 microsecond); only a row whose token the grammar refuses gets its mask, and is chosen again
-from the masked logits with the same noise. This is exact. The greedy choice of the masked
+from the masked logits. This is exact. The greedy choice of the masked
 logits is the unmasked argmax whenever the grammar allows it, and a draw that keeps an allowed
 token and redraws a refused one under the mask gives each allowed token ``p / p(allowed)``, the
 masked distribution. A seeded row redraws with its own noise, so it picks what the mask-first
