@@ -81,8 +81,8 @@ class ConstrainedRows:
 
     masked_rows: list[int]
     """Rows whose masks are computed before the choice (a nucleus draw)."""
-    masked_index: torch.Tensor
-    """``masked_rows`` as a tensor, on the logits' device."""
+    masked_index: torch.Tensor | None
+    """``masked_rows`` as a tensor, on the logits' device (None without such rows: most steps)."""
     masked_matchers: list[LLMatcher]
     forbidden: Future[tuple[torch.Tensor, float]] | None
     """Done once the masks of ``masked_rows`` are computed: bool [len(masked_rows), vocab], True where
@@ -191,7 +191,7 @@ class GrammarConstraints:
         masked_matchers = [matcher for _, matcher in masked]
         return ConstrainedRows(
             masked_rows=masked_rows,
-            masked_index=torch.tensor(masked_rows, device=device),
+            masked_index=torch.tensor(masked_rows, device=device) if masked_rows else None,
             masked_matchers=masked_matchers,
             forbidden=self._filler.submit(self._forbidden_tokens, masked_matchers) if masked else None,
             checked_rows=[row for row, _ in checked],
@@ -228,7 +228,7 @@ class GrammarConstraints:
     def apply(self, constrained: ConstrainedRows, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` [rows, vocab] with every token forbidden to a row masked first at -inf (a copy,
         or ``logits`` itself when no row is masked first)."""
-        if constrained.forbidden is None:
+        if constrained.forbidden is None or constrained.masked_index is None:
             return logits
         forbidden, elapsed = constrained.forbidden.result()
         metrics.GRAMMAR_MASK_SECONDS.observe(elapsed)
