@@ -167,6 +167,43 @@ def test_a_nucleus_draw_is_masked_before_its_choice(loaded: LoadedModel, engine:
     assert follows(answer(loaded, tokens), schema)
 
 
+def test_a_batch_mixing_nucleus_checked_and_free_rows_keeps_each_row_its_own(
+    loaded: LoadedModel, engine: Engine
+) -> None:
+    # One step holds rows masked before their choice (nucleus), rows checked after it (greedy)
+    # and unconstrained rows: each greedy row gets what it gets with every row masked first.
+    prompts = [prompt(loaded, f"Mixed batch, case {index}.") for index in range(2)]
+    names = ["nested", "pattern"]
+
+    def greedy_jobs(tag: str) -> list[GenerationJob]:
+        return [
+            make_job(f"resp_mix_{tag}_{name}_{index}", ids, grammar=schema_grammar(SCHEMAS[name]))
+            for name in names
+            for index, ids in enumerate(prompts)
+        ]
+
+    with checking_after_choice(engine, False):
+        masked_first = run_all(engine, greedy_jobs("alone"))
+    nucleus = [
+        make_job(
+            f"resp_mix_nucleus_{name}",
+            prompts[0],
+            temperature=1.0,
+            top_p=0.8,
+            grammar=schema_grammar(SCHEMAS[name]),
+        )
+        for name in names
+    ]
+    free = [
+        make_job(f"resp_mix_free_{index}", ids, max_output_tokens=32) for index, ids in enumerate(prompts)
+    ]
+    mixed = run_all(engine, [*nucleus, *greedy_jobs("mixed"), *free])
+    for name in names:
+        for index in range(len(prompts)):
+            assert mixed[f"resp_mix_mixed_{name}_{index}"] == masked_first[f"resp_mix_alone_{name}_{index}"]
+        assert follows(answer(loaded, mixed[f"resp_mix_nucleus_{name}"]), SCHEMAS[name])
+
+
 def test_without_a_grammar_the_same_requests_do_not_follow_the_schemas(
     loaded: LoadedModel, engine: Engine
 ) -> None:
