@@ -179,23 +179,29 @@ class GrammarConstraints:
         filled; None when the step has no constrained row."""
         with self._lock:
             found = [(row, self._requests.get(rid)) for row, rid in enumerate(row_request_ids)]
-        masked = [
-            (row, request.matcher) for row, request in found if request and not request.checked_after_choice
-        ]
-        checked = [
-            (row, request.matcher) for row, request in found if request and request.checked_after_choice
-        ]
-        if not masked and not checked:
+        masked_rows: list[int] = []
+        masked_matchers: list[LLMatcher] = []
+        checked_rows: list[int] = []
+        checked_matchers: list[LLMatcher] = []
+        for row, request in found:
+            if request is None:
+                continue
+            rows, matchers = (
+                (checked_rows, checked_matchers)
+                if request.checked_after_choice
+                else (masked_rows, masked_matchers)
+            )
+            rows.append(row)
+            matchers.append(request.matcher)
+        if not masked_rows and not checked_rows:
             return None
-        masked_rows = [row for row, _ in masked]
-        masked_matchers = [matcher for _, matcher in masked]
         return ConstrainedRows(
             masked_rows=masked_rows,
             masked_index=torch.tensor(masked_rows, device=device) if masked_rows else None,
             masked_matchers=masked_matchers,
-            forbidden=self._filler.submit(self._forbidden_tokens, masked_matchers) if masked else None,
-            checked_rows=[row for row, _ in checked],
-            checked_matchers=[matcher for _, matcher in checked],
+            forbidden=self._filler.submit(self._forbidden_tokens, masked_matchers) if masked_rows else None,
+            checked_rows=checked_rows,
+            checked_matchers=checked_matchers,
         )
 
     def _forbidden_tokens(self, matchers: list[LLMatcher]) -> tuple[torch.Tensor, float]:
@@ -252,8 +258,8 @@ class GrammarConstraints:
         constrained.refused_matchers = refused_matchers
         accepted = len(constrained.checked_rows) - len(refused_rows)
         metrics.CONSTRAINED_TOKENS.inc(accepted)
-        metrics.GRAMMAR_TOKEN_CHECKS.labels(outcome="accepted").inc(accepted)
-        metrics.GRAMMAR_TOKEN_CHECKS.labels(outcome="refused").inc(len(refused_rows))
+        metrics.GRAMMAR_TOKENS_ACCEPTED.inc(accepted)
+        metrics.GRAMMAR_TOKENS_REFUSED.inc(len(refused_rows))
         return refused_rows
 
     def _consumed(self, matcher: LLMatcher, token: int) -> bool:

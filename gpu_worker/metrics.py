@@ -26,6 +26,9 @@ GRAMMAR_TOKEN_CHECKS = Counter(
     "or refused (then masked and chosen again).",
     ["outcome"],
 )
+# Bound once: a step with constrained rows counts both, and labels() is a locked look-up each call.
+GRAMMAR_TOKENS_ACCEPTED = GRAMMAR_TOKEN_CHECKS.labels(outcome="accepted")
+GRAMMAR_TOKENS_REFUSED = GRAMMAR_TOKEN_CHECKS.labels(outcome="refused")
 CONSTRAINED_TOKENS = Counter(
     "resq_constrained_tokens", "Tokens chosen under a grammar (structured outputs, strict tools)."
 )

@@ -137,7 +137,7 @@ def _row_request_ids(runner: Any) -> list[str]:
 
 
 class RowSettings(NamedTuple):
-    """Each row's draw settings, read from a step's argument rows."""
+    """Each row's draw settings, read from a step's argument rows (in :func:`choose`'s order)."""
 
     temperature: torch.Tensor
     """float32 [n]."""
@@ -156,27 +156,12 @@ def row_settings(arguments: torch.Tensor, rows: ArgumentRows, count: int) -> Row
     )
 
 
-def choose_tokens(
-    logits: torch.Tensor,
-    arguments: torch.Tensor,
-    rows: ArgumentRows,
-    graph_safe: bool,
-    seeded: list[SeededRow] | None = None,
-) -> Choice:
-    """The next token of each row of ``logits`` [n, vocab] from the step's argument rows [k, >= n] (int32)."""
-    settings = row_settings(arguments, rows, logits.shape[0])
-    return choose(
-        logits, settings.temperature, settings.top_p, settings.greedy, graph_safe=graph_safe, seeded=seeded
-    )
-
-
 def _checked_choice(
     constraints: GrammarConstraints,
     constrained: ConstrainedRows,
     choice: Choice,
     scores: torch.Tensor,
-    arguments: torch.Tensor,
-    rows: ArgumentRows,
+    settings: RowSettings,
     graph_safe: bool,
     seeded: list[SeededRow] | None,
 ) -> tuple[Choice, list[int]]:
@@ -193,7 +178,6 @@ def _checked_choice(
         return choice, reported
     index = torch.tensor(refused, device=scores.device)
     masked = constraints.mask_refused(constrained, scores[index])
-    settings = row_settings(arguments, rows, scores.shape[0])
     position = {row: at for at, row in enumerate(refused)}
     again = choose(
         masked,
@@ -273,12 +257,12 @@ def install() -> None:
                 scores = penalties.apply(penalised, scores)
             if constraints is not None and constrained is not None:
                 scores = constraints.apply(constrained, scores)
-            arguments = batch_data["logits_processor_args"]
+            settings = row_settings(batch_data["logits_processor_args"], rows, scores.shape[0])
             graph_safe = bool(self.pad_inputs)
-            choice = choose_tokens(scores, arguments, rows, graph_safe, seeded)
+            choice = choose(scores, *settings, graph_safe=graph_safe, seeded=seeded)
             if constraints is not None and constrained is not None:
                 choice, chosen = _checked_choice(
-                    constraints, constrained, choice, scores, arguments, rows, graph_safe, seeded
+                    constraints, constrained, choice, scores, settings, graph_safe, seeded
                 )
                 constraints.advance(constrained, chosen)
             tokens = choice.tokens

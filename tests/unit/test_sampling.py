@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from gpu_worker.sampling import next_tokens
-from gpu_worker.sampling_step import ArgumentRows, choose_tokens
+from gpu_worker.sampling import choose, next_tokens
+from gpu_worker.sampling_step import ArgumentRows, row_settings
 
 MODES = [pytest.param(False, id="eager"), pytest.param(True, id="graph-safe")]
 
@@ -114,7 +114,7 @@ def test_rows_keep_their_own_settings() -> None:
     assert set(nucleus_part.tolist()) == {0}
 
 
-def test_choose_tokens_reads_transformers_argument_rows() -> None:
+def test_row_settings_read_transformers_argument_rows() -> None:
     # The step's argument rows are int32: floats are stored bit for bit (transformers' layout).
     logits = torch.randn(3, 200, generator=torch.Generator().manual_seed(10))
     rows = ArgumentRows(temperature=0, top_k=1, top_p=2)
@@ -123,7 +123,7 @@ def test_choose_tokens_reads_transformers_argument_rows() -> None:
     arguments[1, :3] = torch.tensor([1, 200, 1], dtype=torch.int32)
     arguments[2, :3] = torch.tensor([1.0, 1e-6, 1.0]).view(torch.int32)
     for graph_safe in (False, True):
-        tokens = choose_tokens(logits, arguments, rows, graph_safe).tokens
+        tokens = choose(logits, *row_settings(arguments, rows, 3), graph_safe=graph_safe).tokens
         # Rows 0 and 2 are greedy (top_k 1); row 1 samples from a nucleus of one token.
         assert tokens.tolist() == logits.argmax(dim=-1).tolist()
 
