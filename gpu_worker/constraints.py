@@ -15,8 +15,8 @@ from the masked logits. This is exact. The greedy choice of the masked
 logits is the unmasked argmax whenever the grammar allows it, and a draw that keeps an allowed
 token and redraws a refused one under the mask gives each allowed token ``p / p(allowed)``, the
 masked distribution. A seeded row redraws with its own noise, so it picks what the mask-first
-path would have picked. A model that follows its format, as a trained model does, almost never
-needs a mask. The one difference from llguidance's mask: the mask also steers forced text
+path would have picked. A row needs a mask only where the model strays from its format. The one
+difference from llguidance's mask: the mask also steers forced text
 towards its canonical tokens (``",`` rather than ``"`` then ``,``), and a check keeps the
 model's own split of the same text, which the grammar accepts all the same.
 
