@@ -296,14 +296,19 @@ async def accept(
         created = initial_response(request, response_id, model, background, store)
         record_status = created["status"]
         logged = [emitter.emit(build.response_event(types.CREATED, created))]
-        if background:
-            logged.append(emitter.emit(build.response_event(types.QUEUED, created)))
+        # A background response is queued until a GPU worker starts it (its post-processor logs
+        # `response.in_progress` then). A foreground one is in progress from its creation, as
+        # OpenAI's: both opening events go out now, and the post-processor's start logs nothing,
+        # which spares it a round trip and the relay a wake-up while the first token is computed.
+        second = types.QUEUED if background else types.IN_PROGRESS
+        logged.append(emitter.emit(build.response_event(second, created)))
     options = ProcessingOptions(
         model=model,
         protocol="responses" if chat is None else "chat",
         stop=chat.stop if chat is not None else (),
         include_usage=chat.include_usage if chat is not None else False,
         first_sequence_number=len(logged),
+        in_progress_logged=chat is None and not background,
         reasoning_parser=settings.reasoning_parser,
         tool_parser=settings.tool_parser,
         tools_enabled=plan.tools_enabled,

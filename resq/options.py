@@ -25,7 +25,11 @@ class ProcessingOptions(BaseModel):
     protocol: Protocol = "responses"
     """The wire protocol of the events and the final object (:mod:`resq.protocols`)."""
     first_sequence_number: int = 1
-    """Events the API logged itself (``response.created``, and ``response.queued`` when background)."""
+    """Events the API logged itself (``response.created``, then ``response.queued`` when background or
+    ``response.in_progress`` when not)."""
+    in_progress_logged: bool = False
+    """The API logged ``response.in_progress`` with ``response.created`` (a foreground response, whose
+    status is ``in_progress`` from its creation): the start of generation logs nothing more."""
     reasoning_parser: str | None = None
     tool_parser: str | None = None
     tools_enabled: bool = False

@@ -43,6 +43,7 @@ class ResponsesProtocol:
         sealer: Sealer | None = None,
     ) -> None:
         self._template = template
+        self._in_progress_logged = options.in_progress_logged
         self._assembler = OutputAssembler(response_id, _reasoning_output(options, sealer))
         self._leading_output = [dict(item) for item in options.leading_output]
 
@@ -51,7 +52,9 @@ class ResponsesProtocol:
         return {**self._template, "status": "in_progress"}
 
     def started(self) -> list[Event]:
-        """``response.in_progress``."""
+        """``response.in_progress``, unless the API logged it already (a foreground response)."""
+        if self._in_progress_logged:
+            return []
         return [build.response_event(types.IN_PROGRESS, self.in_progress())]
 
     def leading(self) -> list[Event]:

@@ -55,18 +55,18 @@ def check_stream(
         # text checks below still see every token once.
         assert number == previous + 1 or (number > previous and kind.endswith(".delta")), numbers
 
-    if first_sequence_number == 0:
-        expected_head = ["response.created", "response.queued"] if background else ["response.created"]
-        assert types[: len(expected_head)] == expected_head, types[:3]
-        in_progress_at = len(expected_head)
-        # Only a response that ends before generation starts (cancelled while queued, or failed
-        # because no GPU worker took it) has no `response.in_progress`: then nothing but its
-        # terminal event follows the head. Every other stream, whatever its end, has it next.
-        never_started = types[-1] in ("response.incomplete", "response.failed") and len(types) == (
-            in_progress_at + 1
-        )
+    if first_sequence_number == 0 and not background:
+        # A foreground response is in progress from its creation: the API logs both at once.
+        assert types[:2] == ["response.created", "response.in_progress"], types[:3]
+    elif first_sequence_number == 0:
+        expected_head = ["response.created", "response.queued"]
+        assert types[:2] == expected_head, types[:3]
+        # Only a background response that ends before generation starts (cancelled while queued,
+        # or failed because no GPU worker took it) has no `response.in_progress`: then nothing but
+        # its terminal event follows the head. Every other stream, whatever its end, has it next.
+        never_started = types[-1] in ("response.incomplete", "response.failed") and len(types) == 3
         if not never_started:
-            assert types[in_progress_at] == "response.in_progress", types[:4]
+            assert types[2] == "response.in_progress", types[:4]
 
     terminal_positions = [index for index, kind in enumerate(types) if kind in TERMINAL]
     assert terminal_positions == [len(types) - 1], f"terminal events at {terminal_positions} of {len(types)}"

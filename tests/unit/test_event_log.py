@@ -425,6 +425,41 @@ def test_only_a_record_created_queued_is_marked_in_progress_at_the_start(
     assert marked == ([keys.record(RESPONSE_ID)] if created_status == "queued" else [])
 
 
+def test_a_foreground_response_opened_by_the_api_gets_no_second_in_progress(
+    r: redis.Redis, tokenizer: TextTokenizer, token_ids: list[int]
+) -> None:
+    """The API logs a foreground response's ``response.in_progress`` with ``response.created``
+    (:func:`api.submission.accept`): the post-processor's start then logs nothing, and its first
+    event is numbered after both."""
+    created = base_response("in_progress")
+    options = ProcessingOptions(model="tiny", first_sequence_number=2, in_progress_logged=True)
+    r.hset(
+        keys.record(RESPONSE_ID),
+        mapping={
+            "status": "in_progress",
+            "created": jsonutil.dumps(created),
+            "options": options.model_dump_json(),
+            "store": "0",
+            "owner": "",
+        },
+    )
+    emitter = EventEmitter()
+    for kind in (types.CREATED, types.IN_PROGRESS):
+        head = emitter.emit(build.response_event(kind, created))
+        r.xadd(
+            keys.events(RESPONSE_ID),
+            {"type": head.type, "data": head.data},
+            id=keys.event_entry_id(head.sequence_number),
+        )
+    add_entries(r, [StartEntry(7), *chunks(token_ids, 0, len(token_ids), 4)])
+    add_entries(r, [FinishEntry("stop", 7, len(token_ids))])
+    assert postprocess(r, tokenizer) == "completed"
+    events = logged_events(r)
+    assert output_text(check_stream(events)) == TEXT
+    assert [event["type"] for event in events].count(types.IN_PROGRESS) == 1
+    assert events[2]["type"] == types.OUTPUT_ITEM_ADDED
+
+
 def test_entries_read_twice_give_their_text_once(
     r: redis.Redis, tokenizer: TextTokenizer, token_ids: list[int]
 ) -> None:

@@ -16,8 +16,13 @@ def _event(kind: str, number: int, **fields: Any) -> dict[str, Any]:
     return {"type": kind, "sequence_number": number, **fields}
 
 
-def _stream(terminal: str, with_in_progress: bool, with_output: bool) -> list[dict[str, Any]]:
-    events = [_event("response.created", 0, response={**BASE, "status": "in_progress"})]
+def _stream(
+    terminal: str, with_in_progress: bool, with_output: bool, background: bool = True
+) -> list[dict[str, Any]]:
+    opening = "queued" if background else "in_progress"
+    events = [_event("response.created", 0, response={**BASE, "status": opening})]
+    if background:
+        events.append(_event("response.queued", 1, response={**BASE, "status": "queued"}))
     if with_in_progress:
         events.append(_event("response.in_progress", len(events), response={**BASE, "status": "in_progress"}))
     output: list[dict[str, Any]] = []
@@ -32,12 +37,20 @@ def _stream(terminal: str, with_in_progress: bool, with_output: bool) -> list[di
 
 
 @pytest.mark.parametrize("terminal", ["response.failed", "response.incomplete"])
-def test_a_stream_that_never_started_needs_no_in_progress(terminal: str) -> None:
-    check_stream(_stream(terminal, with_in_progress=False, with_output=False))
+def test_a_background_stream_that_never_started_needs_no_in_progress(terminal: str) -> None:
+    check_stream(_stream(terminal, with_in_progress=False, with_output=False), background=True)
 
 
 @pytest.mark.parametrize("terminal", ["response.failed", "response.incomplete"])
 def test_a_failed_or_incomplete_stream_with_output_must_have_in_progress(terminal: str) -> None:
-    check_stream(_stream(terminal, with_in_progress=True, with_output=True))
+    check_stream(_stream(terminal, with_in_progress=True, with_output=True), background=True)
     with pytest.raises(AssertionError):
-        check_stream(_stream(terminal, with_in_progress=False, with_output=True))
+        check_stream(_stream(terminal, with_in_progress=False, with_output=True), background=True)
+
+
+@pytest.mark.parametrize("terminal", ["response.failed", "response.incomplete"])
+def test_a_foreground_stream_opens_with_in_progress_even_when_it_never_started(terminal: str) -> None:
+    """The API logs a foreground response's ``response.in_progress`` with its creation."""
+    check_stream(_stream(terminal, with_in_progress=True, with_output=False, background=False))
+    with pytest.raises(AssertionError):
+        check_stream(_stream(terminal, with_in_progress=False, with_output=False, background=False))
