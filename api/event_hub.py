@@ -13,6 +13,10 @@ resumed stream and a live one work the same way), then joins the hub; if the
 hub's read is already blocked, an entry on this process's wake-up stream makes
 it return and read again with the new log included.
 
+A response this process creates and relays at once skips both round trips
+(:meth:`EventHub.open_new`): its follower joins before the log exists, holding the opening
+events the API is about to log, and the wake-up goes out in the step that creates the log.
+
 The read goes out on a connection the hub holds for itself, already in wire form
 (:meth:`resq.followed_streams.FollowedStreams.xread_command`): a pool checkout, redis-py's
 argument packing and its per-command bookkeeping, on every read, were a fifth of the API's
@@ -32,10 +36,12 @@ from collections.abc import AsyncIterator
 from typing import Any, cast
 
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 from redis.asyncio.connection import Connection
 from redis.exceptions import RedisError
 
 from resq import keys
+from resq.events.emitter import EncodedEvent
 from resq.followed_streams import FollowedStreams, entries_past
 from resq.redis_types import StreamEntry, StreamId, format_id, multi_stream_entries, parse_id, range_entries
 
@@ -153,6 +159,39 @@ def _raise_if_cancel_swallowed() -> None:
         raise asyncio.CancelledError
 
 
+class OpenedLog:
+    """A follower of an event log this process is about to create (:meth:`EventHub.open_new`).
+
+    It is in the hub from the start, so the relay needs no catch-up read; the hub's wake-up, when
+    the join owes one, rides on the step that creates the log (:meth:`stage_wake`). Close it once
+    the relay is done (:meth:`close`), or with :meth:`abandon` when that step failed. A handle
+    dropped unclosed (a response whose relay never started) leaves the hub when it is collected.
+    """
+
+    def __init__(self, hub: EventHub, name: bytes, follower: Follower, wake_owed: bool) -> None:
+        self.follower = follower
+        self._hub = hub
+        self._wake_owed = wake_owed
+        self._leave = weakref.finalize(self, hub.leave, name, follower)
+
+    def stage_wake(self, pipe: Pipeline) -> None:
+        """Queue the hub's wake-up on ``pipe`` (the step creating the log) if the join owes one."""
+        if self._wake_owed:
+            self._hub.stage_wake(pipe)
+
+    def close(self) -> None:
+        """Stop following (idempotent)."""
+        self._leave()
+
+    async def abandon(self) -> None:
+        """Stop following after the step creating the log failed; the hub still gets the wake-up
+        the join owed (other joiners counted on it and sent none)."""
+        self.close()
+        if self._wake_owed:
+            self._wake_owed = False
+            await self._hub.wake_now()
+
+
 _HUBS: weakref.WeakKeyDictionary[Redis, EventHub] = weakref.WeakKeyDictionary()
 
 
@@ -225,6 +264,57 @@ class EventHub:
         finally:
             self._streams.discard(name, follower)
 
+    def open_new(self, key: str, opening: list[EncodedEvent]) -> OpenedLog:
+        """Follow the log ``key`` that the caller is about to create with the events ``opening``.
+
+        The follower holds ``opening`` already and the hub reads the log from after them, so the
+        relay makes no catch-up read. The caller queues :meth:`OpenedLog.stage_wake` on the step
+        that creates the log, which then wakes the hub's blocked read if it needs waking.
+        """
+        name = key.encode()
+        follower = Follower((0, 0), self._idle)
+        follower.deliver(
+            [
+                (
+                    keys.event_entry_id(event.sequence_number).encode(),
+                    {b"type": event.type.encode(), b"data": event.data},
+                )
+                for event in opening
+            ]
+        )
+        self._streams.add(name, follower, follower.position)
+        self._start()
+        wake_owed = name not in self._reading and bool(self._reading) and not self._woken
+        if wake_owed:
+            self._woken = True
+        return OpenedLog(self, name, follower, wake_owed)
+
+    @contextlib.asynccontextmanager
+    async def following(self, opened: OpenedLog) -> AsyncIterator[Follower]:
+        """The follower of ``opened`` (from :meth:`open_new`); it stops following on exit."""
+        try:
+            yield opened.follower
+        finally:
+            opened.close()
+
+    def leave(self, name: bytes, follower: Follower) -> None:
+        """Stop feeding ``follower`` from stream ``name``."""
+        self._streams.discard(name, follower)
+
+    def stage_wake(self, pipe: Pipeline) -> None:
+        """Queue the wake-up of the hub's blocked read on ``pipe`` (two commands)."""
+        pipe.xadd(self._streams.wakeup_key, {"w": "1"}, maxlen=1, approximate=False)
+        pipe.expire(self._streams.wakeup_key, WAKEUP_TTL_S)
+
+    async def wake_now(self) -> None:
+        """Make the hub's blocked read return (best effort: it returns within its block time anyway)."""
+        pipe = self._redis.pipeline(transaction=False)
+        self.stage_wake(pipe)
+        try:
+            await pipe.execute()
+        except RedisError:
+            log.warning("could not wake the event hub; a new log joins within %d ms", self._block_ms)
+
     # --- the reader ----------------------------------------------------------------------------
 
     def _start(self) -> None:
@@ -245,8 +335,7 @@ class EventHub:
             return  # not blocked (it will include the new log), or a wake-up is on its way
         self._woken = True
         pipe = self._redis.pipeline(transaction=False)
-        pipe.xadd(self._streams.wakeup_key, {"w": "1"}, maxlen=1, approximate=False)
-        pipe.expire(self._streams.wakeup_key, WAKEUP_TTL_S)
+        self.stage_wake(pipe)
         await pipe.execute()
 
     async def _run(self) -> None:

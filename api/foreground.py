@@ -65,7 +65,7 @@ async def stream_new_response(
     """
     finished = False
     try:
-        followed = follow_event_batches(state.redis, accepted.response_id)
+        followed = follow_event_batches(state.redis, accepted.response_id, opened=accepted.opened)
         # Measured after merging: the metrics count and time the events the client is sent.
         batches = metrics.measured_batches(coalesced_when_behind(followed, coalesce_after))
         async for chunk in framing(batches):

@@ -17,7 +17,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.types import Message, Send
 
 from api import coalesce, metrics
-from api.event_hub import EventHub
+from api.event_hub import EventHub, OpenedLog
 from resq import keys, records
 from resq.events import types
 from resq.redis_types import optional_bytes, range_entries
@@ -66,7 +66,7 @@ def event_stream_response(chunks: AsyncIterator[bytes], ping_s: float) -> EventS
 
 
 async def follow_event_batches(
-    redis: Redis, response_id: str, starting_after: int | None = None
+    redis: Redis, response_id: str, starting_after: int | None = None, opened: OpenedLog | None = None
 ) -> AsyncIterator[list[tuple[bytes, bytes]]]:
     """``(type, data)`` of every event after ``starting_after``, in batches, ending with the terminal one.
 
@@ -75,11 +75,14 @@ async def follow_event_batches(
     empty batch means nothing arrived for a while (the relay writes nothing for it;
     the response pings on its own clock). When the terminal event is at or before
     ``starting_after`` there is nothing to send and it returns at once. Ends early (without a terminal event) only when the
-    response's keys vanish (deleted or expired) while it is followed.
+    response's keys vanish (deleted or expired) while it is followed. ``opened``: the log was
+    opened for this relay as it was created (:meth:`api.event_hub.EventHub.open_new`), from its start.
     """
     after = keys.event_entry_id(starting_after) if starting_after is not None else "0-0"
     read_up_to: bytes | str = after
-    async with EventHub.of(redis).follow(keys.events(response_id), after) as follower:
+    hub = EventHub.of(redis)
+    following = hub.following(opened) if opened is not None else hub.follow(keys.events(response_id), after)
+    async with following as follower:
         # The first look does not wait: a log that already ended is answered at once.
         wait = False
         while True:

@@ -13,6 +13,7 @@ from api.caller import Caller
 from api.chat import ChatExtras, completion_template
 from api.constraints import request_grammar
 from api.errors import OpenAIError, invalid_value, rate_limited
+from api.event_hub import EventHub, OpenedLog
 from api.generation_plan import GenerationPlan
 from api.prompting import (
     FittedPrompt,
@@ -31,7 +32,7 @@ from resq.catalog import TextTokenizer
 from resq.conversation import since_last_compaction
 from resq.events import builders as build
 from resq.events import types
-from resq.events.emitter import EncodedEvent, EventEmitter
+from resq.events.emitter import EventEmitter
 from resq.logs import bind_response_id
 from resq.options import ProcessingOptions
 from resq.postprocess import event_log
@@ -56,9 +57,11 @@ class Accepted:
     created: dict[str, Any]
     background: bool
     store: bool
-    logged_events: list[EncodedEvent]
     conversation: list[dict[str, Any]] = field(default_factory=list)
     """Every item the model was given (before truncation): what a continuation extends."""
+    opened: OpenedLog | None = None
+    """The event log, followed since its creation (``accept(..., follow=True)``): the relay's.
+    Its relay closes it; unclosed, it stops following when this object is collected."""
 
 
 def initial_response(
@@ -242,6 +245,7 @@ async def accept(
     caller: Caller,
     local_history: dict[str, EarlierConversation] | None = None,
     chat: ChatExtras | None = None,
+    follow: bool = False,
 ) -> Accepted:
     """Validate what pydantic cannot, record the response, log its first events, and enqueue it.
 
@@ -249,7 +253,8 @@ async def accept(
     continued there), by id. ``chat``: the request came as a chat completion (:mod:`api.chat`):
     it speaks the ``chat`` protocol, and its log starts empty (chunks only). A bounded number of
     requests are accepted at once (:class:`api.state.AcceptSlots`); the others wait their turn
-    before any of their work starts.
+    before any of their work starts. ``follow``: the caller relays the events at once; the
+    process's event hub follows the log from its creation (:attr:`Accepted.opened`).
     """
     settings = state.settings
     background = bool(request.background)
@@ -360,35 +365,45 @@ async def accept(
             RETRY_AFTER_S,
         )
     worker = await state.route_generation(model, routing.lookup)
-    pipe = state.redis.pipeline(transaction=True)
-    state.stage_recovery(pipe, response_id)
-    records.create(
-        pipe,
-        response_id,
-        records.NewRecord(record_status, created_json, options, store, background, caller.owner),
-        ttl,
-    )
-    event_log.stage_first_events(pipe, response_id, logged, ttl)
-    pipe.set(keys.input_items(response_id), jsonutil.dumps(input_record), ex=ttl)
-    if linked_turn:
-        # It may be continued once it ends: no turn may expire before it, nor before its children.
-        turn_ttl = settings.store_ttl_s + ttl
-        pipe.eval(
-            turns.CREATE_LUA,
-            1,
-            keys.turn(response_id),
-            *turns.create_arguments(turn_parent, items.own, turn_ttl, turn_ttl),
+    # The relay's follower joins before the log exists: no catch-up read of what is logged here,
+    # and the hub's wake-up (if its read needs one) goes in the step below.
+    opened = EventHub.of(state.redis).open_new(keys.events(response_id), logged) if follow else None
+    try:
+        pipe = state.redis.pipeline(transaction=True)
+        state.stage_recovery(pipe, response_id)
+        records.create(
+            pipe,
+            response_id,
+            records.NewRecord(record_status, created_json, options, store, background, caller.owner),
+            ttl,
         )
-    if store:
-        item_index.index_items(
-            pipe, caller.owner, response_id, items.own, item_index.INPUT, settings.store_ttl_s
-        )
-    generations.stage(pipe, job, ttl, int(time.time() * 1000))
-    # The Celery messages go in the same step: no window where the job is recorded but not sent,
-    # and no round trip (nor thread hop) of their own before the first token.
-    await state.queue_messages(pipe, response_id, model, worker)
-    await pipe.execute()
-    faults.reached("api.after_record")
+        event_log.stage_first_events(pipe, response_id, logged, ttl)
+        pipe.set(keys.input_items(response_id), jsonutil.dumps(input_record), ex=ttl)
+        if linked_turn:
+            # It may be continued once it ends: no turn may expire before it, nor its children.
+            turn_ttl = settings.store_ttl_s + ttl
+            pipe.eval(
+                turns.CREATE_LUA,
+                1,
+                keys.turn(response_id),
+                *turns.create_arguments(turn_parent, items.own, turn_ttl, turn_ttl),
+            )
+        if store:
+            item_index.index_items(
+                pipe, caller.owner, response_id, items.own, item_index.INPUT, settings.store_ttl_s
+            )
+        generations.stage(pipe, job, ttl, int(time.time() * 1000))
+        # The Celery messages go in the same step: no window where the job is recorded but not
+        # sent, and no round trip (nor thread hop) of their own before the first token.
+        await state.queue_messages(pipe, response_id, model, worker)
+        if opened is not None:
+            opened.stage_wake(pipe)
+        await pipe.execute()
+        faults.reached("api.after_record")
+    except BaseException:
+        if opened is not None:
+            await opened.abandon()
+        raise
     state.start_inline(response_id)
     log.info(
         "accepted: %d prompt tokens, at most %d new, stream=%s, endpoint=%s",
@@ -397,4 +412,4 @@ async def accept(
         bool(request.stream),
         ENDPOINT_OF_PROTOCOL[options.protocol],
     )
-    return Accepted(response_id, created, background, store, logged, items.conversation)
+    return Accepted(response_id, created, background, store, items.conversation, opened)

@@ -29,7 +29,9 @@ async def create_chat_completion(
     streams an ``{"error": ...}`` body, or answers 500 with it.
     """
     try:
-        accepted = await accept(state, chat.responses_request(body), caller, chat=chat.extras(body))
+        accepted = await accept(
+            state, chat.responses_request(body), caller, chat=chat.extras(body), follow=bool(body.stream)
+        )
     except OpenAIError as error:  # named in Responses terms (a schema, the context): say it in chat's
         raise chat.in_chat_terms(error) from None
     if body.stream:

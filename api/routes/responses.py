@@ -27,7 +27,7 @@ async def create_response(
     body: CreateResponseRequest, state: StateDep, caller: CallerDep, request: Request
 ) -> Response:
     """Create a response; ``stream`` picks SSE or one JSON body, ``background`` returns at once."""
-    accepted = await accept(state, body, caller)
+    accepted = await accept(state, body, caller, follow=bool(body.stream))
     if body.stream:
         body_chunks = stream_new_response(state, accepted, coalesce_after=state.settings.sse_coalesce_after)
         return event_stream_response(body_chunks, state.settings.sse_ping_s)

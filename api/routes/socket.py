@@ -182,7 +182,7 @@ class Socket:
         previous = message.get("previous_response_id") if isinstance(message, dict) else None
         try:
             request, stream_id = create_request(message)
-            accepted = await accept(self._state, request, self._caller, self._history)
+            accepted = await accept(self._state, request, self._caller, self._history, follow=True)
         except OpenAIError as error:
             if isinstance(previous, str):
                 self._history.pop(previous, None)
@@ -220,7 +220,7 @@ class Socket:
     async def _relay(self, accepted: Accepted, stream_id: str | None) -> dict[str, Any] | None:
         last: bytes | None = None
         # One message per event: a slow reader blocks the sends, so its next batch is long.
-        followed = follow_event_batches(self._state.redis, accepted.response_id)
+        followed = follow_event_batches(self._state.redis, accepted.response_id, opened=accepted.opened)
         async for batch in coalesced_when_behind(followed, self._state.settings.sse_coalesce_after):
             for _, data in batch:
                 await self._send_text(with_stream_id(data, stream_id))

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import time
 
 import pytest
 from redis.asyncio import Redis
 
 from api.event_hub import EventHub, Follower, IdleWakeups
+from resq.events.emitter import EncodedEvent
 from resq.redis_types import format_id, parse_id
 
 
@@ -179,6 +181,95 @@ def test_closing_the_hub_ends_it_even_when_a_read_swallowed_the_cancel(
             assert time.monotonic() - started < 2
             assert len(reads_after_cancel) == 1
         finally:
+            await redis.aclose()
+
+    asyncio.run(scenario())
+
+
+def _opening(count: int) -> list[EncodedEvent]:
+    return [EncodedEvent(number, "response.created", b'{"n": %d}' % number) for number in range(count)]
+
+
+@pytest.mark.timeout(30)
+def test_a_log_opened_as_it_is_created_needs_no_catch_up_read_and_wakes_the_hub_in_its_own_step(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """:meth:`EventHub.open_new`: the follower holds the opening events, the hub's wake-up rides on
+    the step that creates the log (no round trip of its own), and no ``XRANGE`` is made."""
+    ranges: list[object] = []
+    original_xrange = Redis.xrange
+
+    async def spied_xrange(self: Redis, *args: object, **kwargs: object) -> object:
+        ranges.append(args)
+        return await original_xrange(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Redis, "xrange", spied_xrange)
+
+    async def scenario() -> None:
+        redis = Redis.from_url(redis_url)
+        hub = EventHub(redis, block_ms=5000)
+        other, key = "test:hub:other", "test:hub:opened"
+        await redis.delete(other, key)
+        try:
+            async with hub.follow(other, "0-0"):
+                await asyncio.sleep(0.2)  # the hub is blocked on the other log, for 5 s
+                opened = hub.open_new(key, _opening(2))
+                pipe = redis.pipeline(transaction=True)
+                for event in _opening(2):
+                    pipe.xadd(
+                        key, {"type": event.type, "data": event.data}, id=f"0-{event.sequence_number + 1}"
+                    )
+                opened.stage_wake(pipe)
+                assert len(pipe) == 4  # the two events, and the wake-up's XADD and EXPIRE
+                await pipe.execute()
+                async with hub.following(opened) as follower:
+                    first = await follower.next_batch(wait=False)
+                    assert [entry_id for entry_id, _ in first] == [b"0-1", b"0-2"]
+                    assert first[1][1] == {b"type": b"response.created", b"data": b'{"n": 1}'}
+                    await redis.xadd(key, {"type": "x", "data": "3"}, id="0-3")
+                    # Well within the hub's 5 s block: the staged wake-up made it read the new log.
+                    batch = await asyncio.wait_for(follower.next_batch(), 2)
+                    assert [entry_id for entry_id, _ in batch] == [b"0-3"]
+                assert hub._streams.position(key.encode()) is None  # closed: no longer followed
+                assert ranges == [(other,)]  # the other log's follow caught up; the opened one never did
+        finally:
+            await hub.close()
+            await redis.delete(other, key)
+            await redis.aclose()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.timeout(30)
+def test_an_opened_log_whose_step_failed_or_whose_relay_never_ran_leaves_the_hub(redis_url: str) -> None:
+    async def scenario() -> None:
+        redis = Redis.from_url(redis_url)
+        hub = EventHub(redis, block_ms=5000)
+        other = "test:hub:other"
+        await redis.delete(other, "test:hub:late")
+        try:
+            async with hub.follow(other, "0-0"):
+                await asyncio.sleep(0.2)
+                # The creating step failed: the follower leaves, and the wake-up the join owed
+                # is still sent (a joiner meanwhile relied on it and sent none).
+                failed = hub.open_new("test:hub:failed", _opening(1))
+                late = hub.open_new("test:hub:late", _opening(1))
+                late.stage_wake(pipe := redis.pipeline(transaction=False))
+                assert len(pipe) == 0  # the first join owes the wake-up, this one none
+                await failed.abandon()
+                assert hub._streams.position(b"test:hub:failed") is None
+                # Well within the hub's 5 s block, it reads the late joiner's log.
+                await redis.xadd("test:hub:late", {"n": 1}, id="0-2")
+                batch = await asyncio.wait_for(late.follower.next_batch(), 2)
+                assert [entry_id for entry_id, _ in batch] == [b"0-1", b"0-2"]
+                # A handle dropped unclosed (a relay that never started) leaves with it.
+                assert hub._streams.position(b"test:hub:late") == (0, 2)
+                del late
+                gc.collect()
+                assert hub._streams.position(b"test:hub:late") is None
+        finally:
+            await hub.close()
+            await redis.delete(other, "test:hub:late")
             await redis.aclose()
 
     asyncio.run(scenario())
