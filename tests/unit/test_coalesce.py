@@ -313,7 +313,7 @@ def test_the_relay_merges_only_later_batches_above_the_threshold_and_counts_what
 def _following(batches: list[Batch]) -> Any:
     """A stand-in for ``follow_event_batches``: the given batches, whatever it is asked to follow."""
 
-    async def follow(*_: Any) -> AsyncIterator[Batch]:
+    async def follow(*_: Any, **__: Any) -> AsyncIterator[Batch]:
         for batch in batches:
             yield batch
 
@@ -335,7 +335,7 @@ async def _chunks(body: AsyncIterator[bytes]) -> list[bytes]:
 
 def test_a_new_stream_merges_its_lag_and_chat_completions_never(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(foreground, "follow_event_batches", _following([CREATED, LIVE]))
-    accepted: Any = SimpleNamespace(response_id="resp_1", background=False, store=True)
+    accepted: Any = SimpleNamespace(response_id="resp_1", background=False, store=True, opened=None)
     state = _state(4)
 
     merged = asyncio.run(_chunks(foreground.stream_new_response(state, accepted, coalesce_after=4)))
@@ -373,7 +373,7 @@ def test_the_websocket_sends_a_merged_delta_with_its_stream_id(monkeypatch: pyte
     websocket = _RecordingSocket()
     relay = socket_route.Socket(websocket, _state(4), ANONYMOUS)  # type: ignore[arg-type]
 
-    final = asyncio.run(relay._relay(SimpleNamespace(response_id="resp_1"), "lane-1"))  # type: ignore[arg-type]
+    final = asyncio.run(relay._relay(SimpleNamespace(response_id="resp_1", opened=None), "lane-1"))  # type: ignore[arg-type]
 
     assert final == {"id": "resp_1"}
     messages = [jsonutil.loads(text) for text in websocket.sent]
