@@ -185,11 +185,11 @@ class TokenPublisher:
             self._end(response_id, superseded)
 
     def finish_unstarted(self, response_id: str, fence: Fence, entry: FinishEntry) -> None:
-        """Publish the end of a request that never reached the engine."""
+        """Publish the end of a request that never reached the engine (which also takes it off the
+        reaper's list)."""
         pipe = self._redis.pipeline(transaction=False)
         self._generations.publish(pipe, response_id, fence, entry, entry.output_tokens)
-        if pipelines.execute(self._redis, pipe)[0] in (APPENDED, ALREADY_APPENDED):
-            self._generations.forget(response_id)
+        pipelines.execute(self._redis, pipe)
 
     def forget(self, response_id: str) -> None:
         """Stop tracking a request the engine refused (its slot is the caller's to release)."""
@@ -383,10 +383,9 @@ class TokenPublisher:
                     extra=about(response_id),
                 )
         metrics.note_published(published)
+        # Their finish entries took them off the reaper's list (Generations.publish).
         for response_id in ended:
             self._end(response_id, active[response_id])
-        if ended:
-            self._forget_ended(ended)
         lost -= diverged
         if lost:
             log.warning("no longer own %s (taken over); cancelling here", ", ".join(sorted(lost)))
@@ -412,12 +411,6 @@ class TokenPublisher:
         ]
         if cancelled:
             self._cancel(cancelled)
-
-    def _forget_ended(self, response_ids: list[str]) -> None:
-        pipe = self._redis.pipeline(transaction=False)
-        for response_id in response_ids:
-            pipe.zrem(keys.GENERATIONS, response_id)
-        pipe.execute()
 
     def _cached(self, tracked: _Tracked) -> int:
         # The engine's own figure, never more than the prompt (a resumed copy's prompt also holds
@@ -472,11 +465,9 @@ class TokenPublisher:
             )
             self._generations.publish(pipe, response_id, state.fence, entry, state.total)
             log.info("cancelled %s after %d tokens", response_id, state.total, extra=about(response_id))
-        pipelines.execute(self._redis, pipe)
+        pipelines.execute(self._redis, pipe)  # the finish entries take them off the reaper's list
         for response_id, state in tracked.items():
             self._end(response_id, state)
-        if tracked:
-            self._forget_ended(list(tracked))
 
     def _release_after_engine_failure(self) -> None:
         # The engine died of an exception: nothing says its requests caused it, so each resumes

@@ -90,25 +90,38 @@ return {'claimed', epoch, redis.call('HGET', KEYS[1], 'job'), published, cancell
 """
 
 PUBLISH_LUA: Final = """
--- KEYS: generation, tokens[, cancel flag]; ARGV: owner, epoch, TTL, kind, at, count, field/value
--- pairs. Appends only for the current claim, and exactly once: a retried append (its reply was
--- lost) finds its tokens already counted. Returns 1 appended, 2 already appended, 0 fenced off
--- (the claim is no longer (owner, epoch), or the job ended), -1 out of order; given the cancel
+-- KEYS: generation, tokens[, cancel flag (tokens) or generations set (finish)]; ARGV: owner,
+-- epoch, TTL, kind, at, count, field/value pairs[, the response id (finish with the set)].
+-- Appends only for the current claim, and exactly once: a retried append (its reply was lost)
+-- finds its tokens already counted. Returns 1 appended, 2 already appended, 0 fenced off (the
+-- claim is no longer (owner, epoch), or the job ended), -1 out of order; given the cancel
 -- flag's key, {that, 1 when the flag is set}: the publisher's per-round cancel check rides on
--- the append instead of costing a command of its own.
+-- the append instead of costing a command of its own. A finish given the generations set takes
+-- the job off it in the same step (the reaper's list, and the admission count).
+local kind = ARGV[4]
+local last = #ARGV
+local listed = KEYS[3] and kind == 'finish'
 local function reply(code)
-  if KEYS[3] then
+  if KEYS[3] and kind == 'tokens' then
     return {code, redis.call('EXISTS', KEYS[3])}
   end
   return code
+end
+local function unlist()
+  if listed then
+    redis.call('ZREM', KEYS[3], ARGV[#ARGV])
+  end
+end
+if listed then
+  last = last - 1
 end
 local job = redis.call('HMGET', KEYS[1], 'owner', 'epoch', 'state', 'generated', 'started')
 if job[1] ~= ARGV[1] or job[2] ~= ARGV[2] then
   return reply(0)
 end
-local kind = ARGV[4]
 if job[3] ~= 'pending' then
   if job[3] == 'finished' and kind == 'finish' then
+    unlist()
     return reply(2)
   end
   return reply(0)
@@ -137,8 +150,9 @@ elseif kind == 'finish' then
     return reply(-1)
   end
   redis.call('HSET', KEYS[1], 'state', 'finished', 'progressed_at', progressed_at)
+  unlist()
 end
-redis.call('XADD', KEYS[2], '*', unpack(ARGV, 7))
+redis.call('XADD', KEYS[2], '*', unpack(ARGV, 7, last))
 local ttl = tonumber(ARGV[3])
 redis.call('EXPIRE', KEYS[2], ttl)
 redis.call('EXPIRE', KEYS[1], ttl)
@@ -419,25 +433,25 @@ class Generations:
         """Queue a fenced, exactly-once append on ``pipe`` (see :data:`PUBLISH_LUA` for its reply).
 
         ``at`` is the number of tokens of the response generated before ``entry``. With
-        ``check_cancel`` the reply is ``[that, 1 when the response's cancel flag is set]``
-        (:func:`cancel_checked`).
+        ``check_cancel`` (a tokens entry) the reply is ``[that, 1 when the response's cancel flag
+        is set]`` (:func:`cancel_checked`). A finish entry also takes the job off the reaper's list
+        (what :meth:`forget` does) in the same step.
         """
+        streams = [keys.generation(response_id), keys.tokens(response_id)]
+        fields = _flatten(encode_stream_entry(entry))
         if isinstance(entry, TokensEntry):
             kind, count = "tokens", len(entry.token_ids)
+            if check_cancel:
+                streams.append(keys.cancel(response_id))
+        elif isinstance(entry, StartEntry):
+            kind, count = "start", 0
         else:
-            kind, count = ("start" if isinstance(entry, StartEntry) else "finish"), 0
-        streams = [keys.generation(response_id), keys.tokens(response_id)]
+            kind, count = "finish", 0
+            streams.append(keys.GENERATIONS)
+            fields.append(response_id)
         self._publish(
-            keys=[*streams, keys.cancel(response_id)] if check_cancel else streams,
-            args=[
-                fence.owner,
-                fence.epoch,
-                self._ttl_s,
-                kind,
-                at,
-                count,
-                *_flatten(encode_stream_entry(entry)),
-            ],
+            keys=streams,
+            args=[fence.owner, fence.epoch, self._ttl_s, kind, at, count, *fields],
             client=pipe,
         )
 

@@ -94,6 +94,8 @@ def test_one_claim_at_a_time_and_appends_are_fenced_and_exactly_once(r: redis.Re
     assert gens.release_lost(RESPONSE, fence, int(time.time() * 1000)) == 1
     assert gens.release_lost(RESPONSE, fence, int(time.time() * 1000)) is None
     assert publish(gens, r, fence, TokensEntry([9]), 2) == FENCED_OFF
+    assert publish(gens, r, fence, FinishEntry("length", 3, 2), 2) == FENCED_OFF
+    assert r.zscore(keys.GENERATIONS, RESPONSE) is not None  # a fenced-off finish leaves it listed
     second = gens.claim(RESPONSE, "gpu-2")
     assert second.outcome == "claimed" and second.fence == Fence("gpu-2", 2)
     assert second.published
@@ -101,8 +103,11 @@ def test_one_claim_at_a_time_and_appends_are_fenced_and_exactly_once(r: redis.Re
     assert second.fence is not None
     # A finish that counts tokens the stream does not hold (their append was refused) is refused too.
     assert publish(gens, r, second.fence, FinishEntry("length", 3, 3), 3) == -1
+    assert r.zscore(keys.GENERATIONS, RESPONSE) is not None
     assert publish(gens, r, second.fence, TokensEntry([9]), 2) == APPENDED
     assert publish(gens, r, second.fence, FinishEntry("length", 3, 3), 3) == APPENDED
+    # The finish took the job off the reaper's list (and the admission count) in the same step.
+    assert r.zscore(keys.GENERATIONS, RESPONSE) is None
     assert publish(gens, r, second.fence, FinishEntry("length", 3, 3), 3) == ALREADY_APPENDED
     assert publish(gens, r, fence, TokensEntry([9]), 3) == FENCED_OFF
 
