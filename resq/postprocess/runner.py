@@ -103,27 +103,39 @@ def _parse_logged_state(reply: object) -> tuple[int, bool]:
     return keys.sequence_number_of(entry_id) + 1, fields.get(b"type") in types.TERMINAL_TYPES_BYTES
 
 
+FINALIZE_KEYS = 4
+
+
+def _finalize_arguments(response_id: str, finished: Finished, ttl_s: int) -> list[str | bytes | int]:
+    """:data:`FINALIZE_LUA`'s keys (:data:`FINALIZE_KEYS` of them) and arguments for ``finished``."""
+    return [
+        keys.record(response_id),
+        keys.events(response_id),
+        keys.input_items(response_id),
+        keys.turn(response_id),
+        finished.status,
+        finished.response_json,
+        ttl_s,
+        jsonutil.dumps(jsonutil.loads(finished.response_json).get("output", [])),
+    ]
+
+
+def _finalized(reply: Any) -> tuple[FinalStatus | Literal["missing"], bytes]:
+    """:data:`FINALIZE_LUA`'s reply: the record's status and its stored Response."""
+    status, stored = reply
+    return cast("FinalStatus | Literal['missing']", status.decode()), stored
+
+
 def _finalize(
     redis: Redis, response_id: str, finished: Finished, ttl_s: int
 ) -> tuple[FinalStatus | Literal["missing"], bytes]:
     """Write the final record (once: a finalised response keeps what it has); its status and bytes."""
-
-    def write() -> tuple[FinalStatus | Literal["missing"], bytes]:
-        status, stored = redis.eval(
-            FINALIZE_LUA,
-            4,
-            keys.record(response_id),
-            keys.events(response_id),
-            keys.input_items(response_id),
-            keys.turn(response_id),
-            finished.status,
-            finished.response_json,
-            ttl_s,
-            jsonutil.dumps(jsonutil.loads(finished.response_json).get("output", [])),
-        )
-        return cast("FinalStatus | Literal['missing']", status.decode()), stored
-
-    return retrying(write, f"the final Response of {response_id}", WRITE_BACKOFF)
+    arguments = _finalize_arguments(response_id, finished, ttl_s)
+    return retrying(
+        lambda: _finalized(redis.eval(FINALIZE_LUA, FINALIZE_KEYS, *arguments)),
+        f"the final Response of {response_id}",
+        WRITE_BACKOFF,
+    )
 
 
 def _fail_before_processing(
@@ -390,10 +402,13 @@ class _Run:
                 events += processor.on_entry(entry)
                 if isinstance(entry, FinishEntry):
                     break
+            # The answer's last events go out with its final record (_complete): one round trip.
+            closing = processor.finish is not None and failure is None
             try:
                 if started and self._created_queued:
                     self._mark_in_progress()
-                self._writer.append(events)
+                if not closing:
+                    self._writer.append(events)
                 if processor.stopped_early and not self._engine_stopped:
                     self._stop_engine()
             except RedisRefusedError as refused:
@@ -404,8 +419,8 @@ class _Run:
             if failure is not None:
                 log.error("%s: %s", response_id, failure)
                 return self._give_up([], failure, None)
-            if processor.finish is not None:
-                return self._complete()
+            if closing:
+                return self._complete(events)
 
     def _stop_engine(self) -> None:
         """A stop sequence ended the answer: the GPU worker need not generate what nobody sees.
@@ -432,12 +447,12 @@ class _Run:
             WRITE_BACKOFF,
         )
 
-    def _complete(self) -> str:
+    def _complete(self, closing: list[EncodedEvent]) -> str:
         # The store is written FIRST, then the terminal event: a client that sees the
         # terminal event can always GET the final Response (and reference its items).
         redis, response_id, processor = self._redis, self._response_id, self._processor
         finished = processor.final_response()
-        status, stored = _finalize(redis, response_id, finished, self._ttl_s)
+        status, stored = self._log_and_finalize(closing, finished)
         if status == "cancelled" and finished.status != "cancelled":
             status, stored = _finalize(redis, response_id, processor.final_response("cancelled"), self._ttl_s)
         if status == "missing":
@@ -456,6 +471,33 @@ class _Run:
         self._writer.append([terminal])
         redis.delete(keys.tokens(response_id))
         return status
+
+    def _log_and_finalize(
+        self, closing: list[EncodedEvent], finished: Finished
+    ) -> tuple[FinalStatus | Literal["missing"], bytes]:
+        """Log the answer's last events (``closing``: its items' ends) and write the final record,
+        in one pipeline; any other reply than the common one goes through each step's own retrying
+        path, after it (both steps are safe to repeat).
+
+        A refusal of the events past the retries raises :class:`RedisRefusedError`: the response is
+        finished in the processor, so it is left to a takeover, as when they were logged alone.
+        """
+        staged = self._writer.stage(closing)
+        if staged is None:
+            return _finalize(self._redis, self._response_id, finished, self._ttl_s)
+        arguments = _finalize_arguments(self._response_id, finished, self._ttl_s)
+        pipe = self._redis.pipeline(transaction=False)
+        staged.queue(pipe)
+        pipe.eval(FINALIZE_LUA, FINALIZE_KEYS, *arguments)
+        try:
+            logged, final = pipe.execute(raise_on_error=False)
+        except RedisError as error:
+            logged = final = error
+        if not staged.settle(logged):
+            self._writer.append(closing)
+        if isinstance(final, Exception):
+            return _finalize(self._redis, self._response_id, finished, self._ttl_s)
+        return _finalized(final)
 
     def _end_in_one_round(self, output: list[dict[str, Any]], terminal: EncodedEvent) -> bool:
         """The output's index entries, the terminal event and the token stream's removal in one

@@ -460,6 +460,44 @@ def test_a_foreground_response_opened_by_the_api_gets_no_second_in_progress(
     assert events[2]["type"] == types.OUTPUT_ITEM_ADDED
 
 
+@pytest.mark.parametrize("reply", ["common", "unexpected"])
+def test_the_answers_last_events_and_its_final_record_go_in_one_round_trip(
+    r: redis.Redis,
+    tokenizer: TextTokenizer,
+    token_ids: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+    reply: str,
+) -> None:
+    """The items' closing events are logged in the pipeline that writes the final record (no
+    FINALIZE of its own); a reply other than the common one sends the same events through the
+    full append, which skips what the log holds: never an event twice."""
+    finalized: list[object] = []
+    evaluate = redis.Redis.eval
+
+    def spied_eval(self: redis.Redis, script: str, *args: Any) -> Any:
+        if script == records.FINALIZE_LUA:
+            finalized.append("pipelined" if isinstance(self, redis.client.Pipeline) else "alone")
+        return evaluate(self, script, *args)
+
+    monkeypatch.setattr(redis.Redis, "eval", spied_eval)
+    if reply == "unexpected":
+        monkeypatch.setattr(event_log.StagedAppend, "settle", lambda self, reply: False)
+    start_response(r, "in_progress")
+    add_entries(r, [StartEntry(7), *chunks(token_ids, 0, len(token_ids), 4)])
+    add_entries(r, [FinishEntry("stop", 7, len(token_ids))])
+    assert postprocess(r, tokenizer) == "completed"
+    events = logged_events(r)
+    assert output_text(check_stream(events)) == TEXT  # consecutive numbers: nothing doubled
+    assert [event["type"] for event in events][-4:] == [
+        types.OUTPUT_TEXT_DONE,
+        types.CONTENT_PART_DONE,
+        types.OUTPUT_ITEM_DONE,
+        types.COMPLETED,
+    ]
+    assert r.hget(keys.record(RESPONSE_ID), "status") == b"completed"
+    assert finalized == ["pipelined"]  # the final record went out in the closing events' pipeline
+
+
 def test_entries_read_twice_give_their_text_once(
     r: redis.Redis, tokenizer: TextTokenizer, token_ids: list[int]
 ) -> None:
