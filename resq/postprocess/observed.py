@@ -11,7 +11,7 @@ from redis import Redis
 from resq.catalog import ModelCatalog
 from resq.logs import response_context
 from resq.postprocess import metrics
-from resq.postprocess.runner import run_postprocess
+from resq.postprocess.runner import AlongTheEnd, run_postprocess
 from resq.postprocess.token_hub import TokenSource
 from resq.settings import Settings
 
@@ -29,11 +29,14 @@ def postprocess_response(
     keep_going: Callable[[], bool] | None = None,
     tokens: TokenSource | None = None,
     opening: list[Any] | None = None,
+    along: AlongTheEnd | None = None,
 ) -> str:
     """:func:`run_postprocess` for ``response_id``, every log line tagged with it, and counted."""
     with response_context(response_id), metrics.ACTIVE.track_inprogress():
         try:
-            status = run_postprocess(redis, catalog, settings, response_id, keep_going, tokens, opening)
+            status = run_postprocess(
+                redis, catalog, settings, response_id, keep_going, tokens, opening, along
+            )
         except BaseException:
             metrics.RESPONSES.labels(CRASHED).inc()
             raise

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal, Protocol, cast
 
 from redis import Redis
 from redis.client import Pipeline
@@ -174,6 +174,18 @@ def stage_opening_reads(pipe: Pipeline, response_id: str) -> None:
     pipe.xrevrange(keys.events(response_id), count=1)
 
 
+class AlongTheEnd(Protocol):
+    """A command its caller wants sent with a response's last writes (a lease's release)."""
+
+    def queue(self, pipe: Pipeline) -> None:
+        """Queue it (one command) after the terminal event."""
+        ...
+
+    def settle(self, reply: object) -> None:
+        """Its reply (an exception when it failed)."""
+        ...
+
+
 def run_postprocess(
     redis: Redis,
     catalog: ModelCatalog,
@@ -182,6 +194,7 @@ def run_postprocess(
     keep_going: Callable[[], bool] | None = None,
     tokens: TokenSource | None = None,
     opening: list[Any] | None = None,
+    along: AlongTheEnd | None = None,
 ) -> str:
     """Post-process ``response_id`` to its terminal event; returns its final status.
 
@@ -189,7 +202,8 @@ def run_postprocess(
     lease on the response) the call stops and returns :data:`HANDED_OVER`. ``tokens``
     reads the token stream (default: one ``XREAD`` per read; a post-process worker passes
     its :class:`~resq.postprocess.token_hub.TokenStreamHub`). ``opening``: the replies of
-    :func:`stage_opening_reads`, read in an earlier round trip (the lease's). Raises
+    :func:`stage_opening_reads`, read in an earlier round trip (the lease's). ``along``: sent in the
+    round trip of the terminal event, when the response ends in one (settled only if it went). Raises
     :class:`RedisRefusedError` when Redis refused every write, the failure included
     (nothing half-written: a takeover goes on later).
     """
@@ -248,6 +262,7 @@ def run_postprocess(
             else None,
             # Only a background response's record starts ``queued``; the others start in progress.
             created_queued=created.get("status") == "queued",
+            along=along,
         )
         try:
             return run.run(keep_going)
@@ -287,6 +302,7 @@ class _Run:
         index_owner: str | None,
         conversation: _ConversationAppend | None = None,
         created_queued: bool = True,
+        along: AlongTheEnd | None = None,
     ) -> None:
         """``created_queued``: the record was created ``queued``, so the start marks it in progress
         (a record created in progress has nothing to mark: the mark's round trip is skipped)."""
@@ -300,6 +316,7 @@ class _Run:
         self._index_owner = index_owner
         self._conversation = conversation
         self._created_queued = created_queued
+        self._along = along
         self._consumed = ConsumedTokens()
         self._prompt_tokens = 0
         self._engine_stopped = False
@@ -500,9 +517,10 @@ class _Run:
         return _finalized(final)
 
     def _end_in_one_round(self, output: list[dict[str, Any]], terminal: EncodedEvent) -> bool:
-        """The output's index entries, the terminal event and the token stream's removal in one
-        pipeline (three round trips otherwise, on every response); False when any part of it did
-        not go as expected, for the caller to finish step by step.
+        """The output's index entries, the terminal event, the token stream's removal and the
+        caller's :class:`AlongTheEnd` (the lease's release) in one pipeline (four round trips
+        otherwise, on every response); False when any part of it did not go as expected, for the
+        caller to finish step by step.
 
         Sent in that order, so a client that sees the terminal event can reference the items;
         the stream is removed only if the log ends with a terminal event by then (a takeover
@@ -525,10 +543,15 @@ class _Run:
             keys.tokens(response_id),
             *_TERMINAL_TYPES,
         )
+        along_at = len(pipe)
+        if self._along is not None:
+            self._along.queue(pipe)
         try:
             replies = pipe.execute(raise_on_error=False)
         except RedisError:
             return False
+        if self._along is not None:
+            self._along.settle(replies[along_at])
         settled = staged is None or staged.settle(replies[appended_at])
         return settled and not any(isinstance(reply, Exception) for reply in replies)
 

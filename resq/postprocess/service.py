@@ -86,6 +86,8 @@ class PostprocessService:
     def _run_held(
         self, response_id: str, opening: list[Any] | None = None, tokens: TokenSource | None = None
     ) -> str:
+        # The release rides on the terminal event's round trip when the response ends in one.
+        along = self.leases.release_along(response_id)
         try:
             status = postprocess_response(
                 self._redis,
@@ -95,13 +97,14 @@ class PostprocessService:
                 keep_going=lambda: self.leases.holds(response_id),
                 tokens=tokens or self._tokens,
                 opening=opening,
+                along=along,
             )
         except BaseException:
             # Keep the lease unreleased: it lapses, and a post-processor retries later.
             self.leases.abandon(response_id)
             raise
         if status != HANDED_OVER:
-            self.leases.release(response_id)
+            self.leases.release(response_id, along)
         return status
 
     def close(self) -> None:

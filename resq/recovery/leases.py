@@ -28,6 +28,7 @@ from redis.client import Pipeline
 from redis.exceptions import NoScriptError
 
 from resq import keys
+from resq.events import types
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,30 @@ end
 return 0
 """
 
+RELEASE_ENDED_LUA: Final = """
+-- KEYS: leases, holders, the event log; ARGV: response id, holder, the terminal event types.
+-- RELEASE_LUA, only once the log ends with a terminal event: it rides on the post-processor's
+-- last writes, which may not all have landed. Returns 1 released, 0 not.
+local last = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
+if #last == 0 then return 0 end
+local fields = last[1][2]
+local terminal = false
+for i = 1, #fields, 2 do
+  if fields[i] == 'type' then
+    for index = 3, #ARGV do
+      if fields[i + 1] == ARGV[index] then terminal = true end
+    end
+    break
+  end
+end
+if not terminal or redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] then
+  return 0
+end
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+return 1
+"""
+
 LAPSED_LUA: Final = (
     _NOW_MS
     + """
@@ -94,6 +119,7 @@ return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(AR
 )
 
 _LEASE_KEYS: Final = [keys.POSTPROCESS_LEASES, keys.POSTPROCESS_LEASE_HOLDERS]
+_TERMINAL_TYPES: Final = sorted(types.TERMINAL_TYPES)
 
 
 def register_lease(pipe: AsyncPipeline, response_id: str, lease_s: float) -> None:
@@ -113,6 +139,7 @@ class PostprocessLeases:
         self._acquire = redis.register_script(ACQUIRE_LUA)
         self._renew = redis.register_script(RENEW_LUA)
         self._release = redis.register_script(RELEASE_LUA)
+        self._release_ended = redis.register_script(RELEASE_ENDED_LUA)
         self._lapsed = redis.register_script(LAPSED_LUA)
         self._held: set[str] = set()
         self._lock = threading.Lock()
@@ -174,11 +201,20 @@ class PostprocessLeases:
         with self._lock:
             return response_id in self._held
 
-    def release(self, response_id: str) -> None:
-        """The response is done: drop the lease."""
+    def release(self, response_id: str, along: ReleaseAlong | None = None) -> None:
+        """The response is done: drop the lease (unless ``along`` released it already)."""
         with self._lock:
             self._held.discard(response_id)
-        self._release(keys=_LEASE_KEYS, args=[response_id, self.holder_id])
+        if along is None or not along.released:
+            self._release(keys=_LEASE_KEYS, args=[response_id, self.holder_id])
+        if along is not None and along.script_missing:
+            # Loaded now (after a start, or a Redis restart) for the releases that follow.
+            self._redis.script_load(RELEASE_ENDED_LUA)
+
+    def release_along(self, response_id: str) -> ReleaseAlong:
+        """The release of ``response_id``'s lease, to send with its post-processor's last writes
+        (then :meth:`release` needs no round trip of its own)."""
+        return ReleaseAlong(self, response_id)
 
     def abandon(self, response_id: str) -> None:
         """Stop renewing without releasing: the lease lapses and another post-processor retries."""
@@ -208,3 +244,38 @@ class PostprocessLeases:
                 self.renew_now()
             except Exception:  # Redis may be restarting: keep renewing
                 log.warning("renewing post-process leases failed; retrying", exc_info=True)
+
+
+class ReleaseAlong:
+    """A lease's release queued on a response's last writes (:meth:`PostprocessLeases.release_along`).
+
+    It releases only once the response's event log ends with a terminal event, so it may go out
+    with the terminal event itself: when that write fails, the lease stays, and
+    :meth:`PostprocessLeases.release` sends the usual release after the post-processor's retries.
+    """
+
+    def __init__(self, leases: PostprocessLeases, response_id: str) -> None:
+        self._leases = leases
+        self._response_id = response_id
+        self.released = False
+        """Whether the queued release went through (the lease is dropped in Redis)."""
+        self.script_missing = False
+        """Redis did not know the script (``NOSCRIPT``): :meth:`PostprocessLeases.release` loads it."""
+
+    def queue(self, pipe: Pipeline) -> None:
+        """Queue the release on ``pipe``, by the script's sha (no ``SCRIPT EXISTS`` round trip; a
+        ``NOSCRIPT`` reply after a Redis restart leaves it to :meth:`PostprocessLeases.release`)."""
+        pipe.evalsha(
+            self._leases._release_ended.sha,
+            3,
+            *_LEASE_KEYS,
+            keys.events(self._response_id),
+            self._response_id,
+            self._leases.holder_id,
+            *_TERMINAL_TYPES,
+        )
+
+    def settle(self, reply: object) -> None:
+        """Take the queued release's reply (an exception when it failed)."""
+        self.released = reply == 1
+        self.script_missing = isinstance(reply, NoScriptError)

@@ -31,6 +31,7 @@ from resq.postprocess import event_log, runner
 from resq.postprocess.event_log import Backoff, EventLogWriter, LogRewoundError, RedisRefusedError
 from resq.postprocess.positions import ConsumedTokens, TokenGapError, TokensRewrittenError
 from resq.postprocess.token_hub import TokenSource, TokenStreamHub
+from resq.recovery.leases import RELEASE_ENDED_LUA, PostprocessLeases
 from resq.redis_types import range_entries
 from resq.settings import Settings
 from resq.wire import FinishEntry, StartEntry, TokensEntry, TokenStreamEntry, encode_entry
@@ -734,6 +735,39 @@ def test_the_end_indexes_logs_and_drops_the_tokens_in_one_round_trip(
     assert items and all(
         r.get(keys.item_ref("alice", item["id"])) == f"{RESPONSE_ID} o".encode() for item in items
     )
+
+
+@pytest.mark.parametrize("end", ["one round", "step by step"])
+def test_the_lease_is_released_along_the_terminal_event_when_the_end_goes_in_one_round(
+    r: redis.Redis, tokenizer: TextTokenizer, token_ids: list[int], monkeypatch: pytest.MonkeyPatch, end: str
+) -> None:
+    """The post-processor's lease goes in the terminal event's round trip (no release of its own);
+    when that round trip did not log the terminal event (finished step by step), the lease stays
+    for the usual release, which still drops it."""
+    if end == "step by step":
+        refuse = "return redis.error_reply('refused here')"
+        monkeypatch.setattr(event_log.StagedAppend, "queue", lambda self, pipe: pipe.eval(refuse, 0))
+    start_response(r, "in_progress")
+    add_entries(r, [StartEntry(7), *chunks(token_ids, 0, len(token_ids), 4)])
+    add_entries(r, [FinishEntry("stop", 7, len(token_ids))])
+    leases = PostprocessLeases(r, "pp-1", lease_s=30)
+    r.script_load(RELEASE_ENDED_LUA)  # what the first release of a worker does (tests/unit/test_recovery.py)
+    assert leases.take(RESPONSE_ID)
+    along = leases.release_along(RESPONSE_ID)
+    status = runner.run_postprocess(
+        r,
+        cast(ModelCatalog, Catalog(tokenizer)),
+        Settings(),
+        RESPONSE_ID,
+        tokens=SOURCES.get("current"),
+        along=along,
+    )
+    assert status == "completed"
+    assert along.released == (end == "one round")
+    assert (r.hget(keys.POSTPROCESS_LEASE_HOLDERS, RESPONSE_ID) is None) == (end == "one round")
+    leases.release(RESPONSE_ID, along)
+    assert r.zcard(keys.POSTPROCESS_LEASES) == 0 and r.hlen(keys.POSTPROCESS_LEASE_HOLDERS) == 0
+    assert output_text(check_stream(logged_events(r))) == TEXT
 
 
 def test_an_error_in_the_one_round_end_is_finished_step_by_step_without_a_second_terminal_event(

@@ -24,7 +24,7 @@ from resq.recovery.generations import (
     Progress,
     plan_resume,
 )
-from resq.recovery.leases import PostprocessLeases
+from resq.recovery.leases import PostprocessLeases, ReleaseAlong
 from resq.recovery.reaper import Reaper
 from resq.settings import Settings
 from resq.wire import FinishEntry, GenerationJob, StartEntry, TokensEntry, decode_entry
@@ -235,6 +235,53 @@ def test_a_lease_is_exclusive_until_it_lapses(r: redis.Redis) -> None:
     assert r.hget(keys.POSTPROCESS_LEASE_HOLDERS, RESPONSE) == b"pp-2"
     second.release(RESPONSE)
     assert r.zcard(keys.POSTPROCESS_LEASES) == 0 and r.hlen(keys.POSTPROCESS_LEASE_HOLDERS) == 0
+
+
+def test_a_release_sent_along_the_last_writes_drops_the_lease_only_once_the_log_has_ended(
+    r: redis.Redis,
+) -> None:
+    """:meth:`PostprocessLeases.release_along`: queued with the terminal event's round trip; it
+    releases only when the event log ends with a terminal event and the lease is the caller's."""
+    events = keys.events(RESPONSE)
+    first = PostprocessLeases(r, "pp-1", lease_s=30)
+    second = PostprocessLeases(r, "pp-2", lease_s=30)
+    assert first.take(RESPONSE)
+
+    def send(along: ReleaseAlong) -> bool:
+        pipe = r.pipeline(transaction=False)
+        along.queue(pipe)
+        along.settle(pipe.execute(raise_on_error=False)[0])
+        return along.released
+
+    along = first.release_along(RESPONSE)
+    assert not send(along) and along.script_missing  # a fresh Redis: the script is not loaded
+    first.release(RESPONSE, along)  # released the usual way, and the script loaded for next time
+    assert r.zcard(keys.POSTPROCESS_LEASES) == 0
+    assert first.take(RESPONSE)
+    r.xadd(events, {"type": "response.output_text.done", "data": "{}"}, id="0-1")
+    along = first.release_along(RESPONSE)
+    assert not send(along) and not along.script_missing  # the log has not ended: the lease stays
+    r.xadd(events, {"type": "response.completed", "data": "{}"}, id="0-2")
+    assert not send(second.release_along(RESPONSE))  # not its lease
+    assert r.hget(keys.POSTPROCESS_LEASE_HOLDERS, RESPONSE) == b"pp-1"
+    along = first.release_along(RESPONSE)
+    assert send(along)
+    assert r.zcard(keys.POSTPROCESS_LEASES) == 0 and r.hlen(keys.POSTPROCESS_LEASE_HOLDERS) == 0
+    # The usual release then sends nothing (a release of a lease since taken by another would
+    # change nothing either, but costs a round trip).
+    assert second.take(RESPONSE)
+    first.release(RESPONSE, along)
+    assert not first.holds(RESPONSE)
+    assert r.hget(keys.POSTPROCESS_LEASE_HOLDERS, RESPONSE) == b"pp-2"
+    r.script_flush()  # Redis restarted without its scripts: not released along, released after
+    r.delete(keys.POSTPROCESS_LEASES, keys.POSTPROCESS_LEASE_HOLDERS)
+    assert first.take(RESPONSE)
+    along = first.release_along(RESPONSE)
+    assert not send(along) and along.script_missing
+    first.release(RESPONSE, along)
+    assert r.zcard(keys.POSTPROCESS_LEASES) == 0
+    assert first.take(RESPONSE)
+    assert send(first.release_along(RESPONSE))  # loaded again
 
 
 def test_a_lease_taken_along_with_reads_is_as_exclusive_and_returns_their_replies(r: redis.Redis) -> None:
