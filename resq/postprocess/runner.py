@@ -338,20 +338,24 @@ class _Run:
         """The hub's thread: consume entries that only continue the answer (see
         :mod:`resq.postprocess.token_hub`); None leaves them to this run's thread.
 
-        Only tokens at exactly the position expected are taken: starts, finishes, gaps,
+        Only tokens at exactly the position expected are taken, and the start of a response whose
+        record needs no marking (one not created ``queued``): a background start, finishes, gaps,
         rewrites and stop sequences stay on the thread's path. Never raises: a failure is
         handed back and raised on the thread.
         """
         processor = self._processor
         if processor.finish is not None or processor.stopped_early or self._handed_back:
             return None
-        decoded: list[TokensEntry] = []
+        decoded: list[TokensEntry | StartEntry] = []
         expected = self._consumed.count
         for _, fields in entries:
             try:
                 entry = decode_entry(fields)
             except Exception:  # a malformed entry: the thread's path meets it and fails as before
                 return None
+            if isinstance(entry, StartEntry) and not self._created_queued:
+                decoded.append(entry)
+                continue
             if not isinstance(entry, TokensEntry) or entry.start != expected:
                 return None
             expected += len(entry.token_ids)
@@ -360,6 +364,10 @@ class _Run:
         events: list[EncodedEvent] = []
         try:
             for entry in decoded:
+                if isinstance(entry, StartEntry):
+                    self._prompt_tokens = entry.prompt_tokens
+                    events += processor.on_entry(entry)
+                    continue
                 fresh = self._consumed.take(entry)
                 if fresh is not None:
                     events += processor.on_entry(fresh)

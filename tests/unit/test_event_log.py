@@ -139,6 +139,31 @@ def start_response(r: redis.Redis, status: str = "queued") -> None:
     r.xadd(keys.events(RESPONSE_ID), {"type": head.type, "data": head.data}, id=keys.event_entry_id(0))
 
 
+def start_foreground_response(r: redis.Redis) -> None:
+    """A record and its event log as the API leaves a foreground response's: ``response.created``
+    and ``response.in_progress`` logged, the processor told so (:func:`api.submission.accept`)."""
+    created = base_response("in_progress")
+    options = ProcessingOptions(model="tiny", first_sequence_number=2, in_progress_logged=True)
+    r.hset(
+        keys.record(RESPONSE_ID),
+        mapping={
+            "status": "in_progress",
+            "created": jsonutil.dumps(created),
+            "options": options.model_dump_json(),
+            "store": "0",
+            "owner": "",
+        },
+    )
+    emitter = EventEmitter()
+    for kind in (types.CREATED, types.IN_PROGRESS):
+        head = emitter.emit(build.response_event(kind, created))
+        r.xadd(
+            keys.events(RESPONSE_ID),
+            {"type": head.type, "data": head.data},
+            id=keys.event_entry_id(head.sequence_number),
+        )
+
+
 def add_entries(r: redis.Redis, entries: list[TokenStreamEntry], ids: list[str] | None = None) -> None:
     """Append in one transaction: a blocked reader gets them all in one read."""
     pipe = r.pipeline(transaction=True)
@@ -396,6 +421,31 @@ def test_a_stream_that_only_continues_is_logged_on_the_hubs_thread(
         assert thread_batches >= len(sent)
 
 
+def test_a_foreground_response_wakes_its_thread_only_for_its_finish(
+    r: redis.Redis, tokenizer: TextTokenizer, token_ids: list[int], token_source: str
+) -> None:
+    """A foreground response's start logs nothing and marks nothing: with the hub it is taken on
+    the hub's thread like the chunks after it, and the response's own thread wakes for the finish
+    alone (one batch)."""
+    start_foreground_response(r)
+    hub_before, thread_before = _batches("hub"), _batches("thread")
+    background = Background(r, tokenizer)
+    time.sleep(0.5)  # the post-processor waits on its stream
+    add_entries(r, [StartEntry(7)])
+    sent = chunks(token_ids, 0, len(token_ids), 2)
+    for index, entry in enumerate(sent):
+        add_entries(r, [entry])
+        wait_for(lambda count=index + 1: delta_count(r) >= count, f"chunk {index}'s delta")
+    add_entries(r, [FinishEntry("stop", 7, len(token_ids))])
+    assert background.join() == "completed"
+    assert output_text(check_stream(logged_events(r))) == TEXT
+    hub_batches, thread_batches = _batches("hub") - hub_before, _batches("thread") - thread_before
+    if token_source == "hub":
+        assert (hub_batches, thread_batches) == (len(sent) + 1, 1)
+    else:
+        assert hub_batches == 0
+
+
 @pytest.mark.parametrize("created_status", ["queued", "in_progress"])
 def test_only_a_record_created_queued_is_marked_in_progress_at_the_start(
     r: redis.Redis,
@@ -432,26 +482,7 @@ def test_a_foreground_response_opened_by_the_api_gets_no_second_in_progress(
     """The API logs a foreground response's ``response.in_progress`` with ``response.created``
     (:func:`api.submission.accept`): the post-processor's start then logs nothing, and its first
     event is numbered after both."""
-    created = base_response("in_progress")
-    options = ProcessingOptions(model="tiny", first_sequence_number=2, in_progress_logged=True)
-    r.hset(
-        keys.record(RESPONSE_ID),
-        mapping={
-            "status": "in_progress",
-            "created": jsonutil.dumps(created),
-            "options": options.model_dump_json(),
-            "store": "0",
-            "owner": "",
-        },
-    )
-    emitter = EventEmitter()
-    for kind in (types.CREATED, types.IN_PROGRESS):
-        head = emitter.emit(build.response_event(kind, created))
-        r.xadd(
-            keys.events(RESPONSE_ID),
-            {"type": head.type, "data": head.data},
-            id=keys.event_entry_id(head.sequence_number),
-        )
+    start_foreground_response(r)
     add_entries(r, [StartEntry(7), *chunks(token_ids, 0, len(token_ids), 4)])
     add_entries(r, [FinishEntry("stop", 7, len(token_ids))])
     assert postprocess(r, tokenizer) == "completed"
