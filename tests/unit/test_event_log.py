@@ -386,6 +386,16 @@ def delta_count(r: redis.Redis) -> int:
     return sum(1 for event in logged_events(r) if event["type"] == types.OUTPUT_TEXT_DELTA)
 
 
+def feed_chunk_by_chunk(r: redis.Redis, token_ids: list[int]) -> list[TokenStreamEntry]:
+    """Two-token chunks, each once the one before it is logged as a delta, then the finish."""
+    sent = chunks(token_ids, 0, len(token_ids), 2)
+    for index, entry in enumerate(sent):
+        add_entries(r, [entry])
+        wait_for(lambda count=index + 1: delta_count(r) >= count, f"chunk {index}'s delta")
+    add_entries(r, [FinishEntry("stop", 7, len(token_ids))])
+    return sent
+
+
 def _batches(path: str) -> float:
     return REGISTRY.get_sample_value("resq_postprocess_batches_total", {"path": path}) or 0.0
 
@@ -401,11 +411,7 @@ def test_a_stream_that_only_continues_is_logged_on_the_hubs_thread(
     background = Background(r, tokenizer)
     add_entries(r, [StartEntry(7)])
     wait_for(lambda: r.hget(keys.record(RESPONSE_ID), "status") == b"in_progress", "the start")
-    sent = chunks(token_ids, 0, len(token_ids), 2)
-    for index, entry in enumerate(sent):
-        add_entries(r, [entry])
-        wait_for(lambda count=index + 1: delta_count(r) >= count, f"chunk {index}'s delta")
-    add_entries(r, [FinishEntry("stop", 7, len(token_ids))])
+    sent = feed_chunk_by_chunk(r, token_ids)
     assert background.join() == "completed"
     events = logged_events(r)
     final = check_stream(events)
@@ -432,11 +438,7 @@ def test_a_foreground_response_wakes_its_thread_only_for_its_finish(
     background = Background(r, tokenizer)
     time.sleep(0.5)  # the post-processor waits on its stream
     add_entries(r, [StartEntry(7)])
-    sent = chunks(token_ids, 0, len(token_ids), 2)
-    for index, entry in enumerate(sent):
-        add_entries(r, [entry])
-        wait_for(lambda count=index + 1: delta_count(r) >= count, f"chunk {index}'s delta")
-    add_entries(r, [FinishEntry("stop", 7, len(token_ids))])
+    sent = feed_chunk_by_chunk(r, token_ids)
     assert background.join() == "completed"
     assert output_text(check_stream(logged_events(r))) == TEXT
     hub_batches, thread_batches = _batches("hub") - hub_before, _batches("thread") - thread_before
