@@ -257,8 +257,8 @@ class EventHub:
             follower.deliver(range_entries(gap))
         self._streams.add(name, follower, follower.position)
         self._start()
-        if name not in self._reading:
-            await self._wake()
+        if self._owe_wake(name):
+            await self._send_wake()
         try:
             yield follower
         finally:
@@ -284,10 +284,7 @@ class EventHub:
         )
         self._streams.add(name, follower, follower.position)
         self._start()
-        wake_owed = name not in self._reading and bool(self._reading) and not self._woken
-        if wake_owed:
-            self._woken = True
-        return OpenedLog(self, name, follower, wake_owed)
+        return OpenedLog(self, name, follower, self._owe_wake(name))
 
     @contextlib.asynccontextmanager
     async def following(self, opened: OpenedLog) -> AsyncIterator[Follower]:
@@ -308,10 +305,8 @@ class EventHub:
 
     async def wake_now(self) -> None:
         """Make the hub's blocked read return (best effort: it returns within its block time anyway)."""
-        pipe = self._redis.pipeline(transaction=False)
-        self.stage_wake(pipe)
         try:
-            await pipe.execute()
+            await self._send_wake()
         except RedisError:
             log.warning("could not wake the event hub; a new log joins within %d ms", self._block_ms)
 
@@ -330,10 +325,15 @@ class EventHub:
             await asyncio.sleep(IDLE_TICK_S)
             self._idle.wake_due(time.monotonic())
 
-    async def _wake(self) -> None:
-        if self._woken or not self._reading:
-            return  # not blocked (it will include the new log), or a wake-up is on its way
+    def _owe_wake(self, name: bytes) -> bool:
+        """Whether a follower of ``name`` that just joined must wake the hub's read (it is blocked
+        without ``name``, and no wake-up is on its way); if so, the caller now owes it."""
+        if name in self._reading or not self._reading or self._woken:
+            return False  # not blocked without it (the next read includes it), or one is on its way
         self._woken = True
+        return True
+
+    async def _send_wake(self) -> None:
         pipe = self._redis.pipeline(transaction=False)
         self.stage_wake(pipe)
         await pipe.execute()

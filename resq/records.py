@@ -255,6 +255,26 @@ end
 """
 """A Lua prelude: ``event_log_length(key)`` (event ids are ``0-<sequence_number + 1>``)."""
 
+LOG_ENDED_LUA: Final = """
+-- Whether an event log ends with a terminal event: its last event's type is one of ARGV[first..]
+-- (the caller passes resq.events.types.TERMINAL_TYPES_LISTED there).
+local function log_ended(key, first)
+  local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
+  if #last == 0 then return false end
+  local fields = last[1][2]
+  for i = 1, #fields, 2 do
+    if fields[i] == 'type' then
+      for index = first, #ARGV do
+        if fields[i + 1] == ARGV[index] then return true end
+      end
+      return false
+    end
+  end
+  return false
+end
+"""
+"""A Lua prelude: ``log_ended(key, first)``, shared by the scripts that act only on an ended log."""
+
 FAIL_LUA: Final = (
     EVENT_LOG_LENGTH_LUA
     + """

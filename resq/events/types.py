@@ -45,3 +45,6 @@ CHAT_FAILED: Final = "chat.completion.failed"
 
 TERMINAL_TYPES: Final = frozenset({COMPLETED, INCOMPLETE, FAILED, CHAT_DONE, CHAT_FAILED})
 TERMINAL_TYPES_BYTES: Final = frozenset(t.encode() for t in TERMINAL_TYPES)
+TERMINAL_TYPES_LISTED: Final = tuple(sorted(TERMINAL_TYPES))
+"""The terminal types in a fixed order: the arguments of the scripts that use
+:data:`resq.records.LOG_ENDED_LUA`."""

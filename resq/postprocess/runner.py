@@ -51,7 +51,7 @@ from resq.postprocess.positions import ConsumedTokens, TokenGapError, TokensRewr
 from resq.postprocess.processor import Finished, ResponseProcessor
 from resq.postprocess.token_hub import DirectTokenSource, SteadyBatch, TokenSource, TokenStream
 from resq.protocols import make_protocol
-from resq.records import FINALIZE_LUA, MARK_IN_PROGRESS_LUA
+from resq.records import FINALIZE_LUA, LOG_ENDED_LUA, MARK_IN_PROGRESS_LUA
 from resq.redis_types import StreamEntry, optional_bytes, range_entries
 from resq.sealed import sealer_from_settings
 from resq.settings import Settings
@@ -60,26 +60,16 @@ from resq.wire import FinishEntry, StartEntry, TokensEntry, decode_entry
 
 log = logging.getLogger(__name__)
 
-DELETE_ENDED_TOKENS_LUA = """
+DELETE_ENDED_TOKENS_LUA = (
+    LOG_ENDED_LUA
+    + """
 -- KEYS: the event log, the token stream; ARGV: the terminal event types.
 -- Deletes the token stream only if the log's last event is terminal: a response whose end is
 -- not logged yet keeps its tokens for whoever logs it.
-local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-if #last == 0 then return 0 end
-local fields = last[1][2]
-for i = 1, #fields, 2 do
-  if fields[i] == 'type' then
-    for _, terminal in ipairs(ARGV) do
-      if fields[i + 1] == terminal then return redis.call('DEL', KEYS[2]) end
-    end
-    return 0
-  end
-end
+if log_ended(KEYS[1], 1) then return redis.call('DEL', KEYS[2]) end
 return 0
 """
-
-_TERMINAL_TYPES: list[str] = sorted(types.TERMINAL_TYPES)
-""":data:`DELETE_ENDED_TOKENS_LUA`'s arguments, made once."""
+)
 
 READ_BLOCK_MS = 1000
 READ_COUNT = 512
@@ -549,7 +539,7 @@ class _Run:
             2,
             keys.events(response_id),
             keys.tokens(response_id),
-            *_TERMINAL_TYPES,
+            *types.TERMINAL_TYPES_LISTED,
         )
         along_at = len(pipe)
         if self._along is not None:

@@ -29,6 +29,7 @@ from redis.exceptions import NoScriptError
 
 from resq import keys
 from resq.events import types
+from resq.records import LOG_ENDED_LUA
 
 log = logging.getLogger(__name__)
 
@@ -86,29 +87,20 @@ end
 return 0
 """
 
-RELEASE_ENDED_LUA: Final = """
+RELEASE_ENDED_LUA: Final = (
+    LOG_ENDED_LUA
+    + """
 -- KEYS: leases, holders, the event log; ARGV: response id, holder, the terminal event types.
 -- RELEASE_LUA, only once the log ends with a terminal event: it rides on the post-processor's
 -- last writes, which may not all have landed. Returns 1 released, 0 not.
-local last = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
-if #last == 0 then return 0 end
-local fields = last[1][2]
-local terminal = false
-for i = 1, #fields, 2 do
-  if fields[i] == 'type' then
-    for index = 3, #ARGV do
-      if fields[i + 1] == ARGV[index] then terminal = true end
-    end
-    break
-  end
-end
-if not terminal or redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] then
+if not log_ended(KEYS[3], 3) or redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] then
   return 0
 end
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 return 1
 """
+)
 
 LAPSED_LUA: Final = (
     _NOW_MS
@@ -119,7 +111,6 @@ return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(AR
 )
 
 _LEASE_KEYS: Final = [keys.POSTPROCESS_LEASES, keys.POSTPROCESS_LEASE_HOLDERS]
-_TERMINAL_TYPES: Final = sorted(types.TERMINAL_TYPES)
 
 
 def register_lease(pipe: AsyncPipeline, response_id: str, lease_s: float) -> None:
@@ -272,7 +263,7 @@ class ReleaseAlong:
             keys.events(self._response_id),
             self._response_id,
             self._leases.holder_id,
-            *_TERMINAL_TYPES,
+            *types.TERMINAL_TYPES_LISTED,
         )
 
     def settle(self, reply: object) -> None:

@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import gc
 import time
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -94,35 +96,44 @@ async def _read_until(follower: Follower, last: bytes) -> list[bytes]:
     return seen
 
 
+@contextlib.asynccontextmanager
+async def _hub_on(redis_url: str, *logs: str, **options: Any) -> AsyncIterator[tuple[Redis, EventHub]]:
+    """A client and an :class:`EventHub` with ``options``, ``logs`` deleted before and after."""
+    redis = Redis.from_url(redis_url)
+    hub = EventHub(redis, **options)
+    await redis.delete(*logs)
+    try:
+        yield redis, hub
+    finally:
+        await hub.close()
+        await redis.delete(*logs)
+        await redis.aclose()
+
+
 @pytest.mark.timeout(60)
 def test_followers_of_many_logs_and_late_joiners_see_every_entry(redis_url: str) -> None:
     async def scenario() -> None:
-        redis = Redis.from_url(redis_url)
-        hub = EventHub(redis, block_ms=200)
         logs = [f"test:hub:{index}" for index in range(20)]
         everything = [f"0-{number}".encode() for number in range(1, 6)]
-        await redis.delete(*logs)
-        try:
-            async with contextlib.AsyncExitStack() as stack:
-                followers = [await stack.enter_async_context(hub.follow(key, "0-0")) for key in logs]
-                await asyncio.sleep(0.3)  # the hub is blocked on all 20 logs by now
-                for number in range(1, 4):
-                    for key in logs:
-                        await redis.xadd(key, {"n": number}, id=f"0-{number}")
-                # A second follower of log 0 joins late, from the start: it catches up, then follows.
-                late = await stack.enter_async_context(hub.follow(logs[0], "0-0"))
-                for number in range(4, 6):
-                    for key in logs:
-                        await redis.xadd(key, {"n": number}, id=f"0-{number}")
-                for follower in [*followers, late]:
-                    assert await _read_until(follower, b"0-5") == everything
-                # One that resumes after entry 3 gets only what follows it.
-                resumed = await stack.enter_async_context(hub.follow(logs[1], "0-3"))
-                assert await _read_until(resumed, b"0-5") == everything[3:]
-        finally:
-            await hub.close()
-            await redis.delete(*logs)
-            await redis.aclose()
+        async with (
+            _hub_on(redis_url, *logs, block_ms=200) as (redis, hub),
+            contextlib.AsyncExitStack() as stack,
+        ):
+            followers = [await stack.enter_async_context(hub.follow(key, "0-0")) for key in logs]
+            await asyncio.sleep(0.3)  # the hub is blocked on all 20 logs by now
+            for number in range(1, 4):
+                for key in logs:
+                    await redis.xadd(key, {"n": number}, id=f"0-{number}")
+            # A second follower of log 0 joins late, from the start: it catches up, then follows.
+            late = await stack.enter_async_context(hub.follow(logs[0], "0-0"))
+            for number in range(4, 6):
+                for key in logs:
+                    await redis.xadd(key, {"n": number}, id=f"0-{number}")
+            for follower in [*followers, late]:
+                assert await _read_until(follower, b"0-5") == everything
+            # One that resumes after entry 3 gets only what follows it.
+            resumed = await stack.enter_async_context(hub.follow(logs[1], "0-3"))
+            assert await _read_until(resumed, b"0-5") == everything[3:]
 
     asyncio.run(scenario())
 
@@ -130,24 +141,17 @@ def test_followers_of_many_logs_and_late_joiners_see_every_entry(redis_url: str)
 @pytest.mark.timeout(30)
 def test_the_hub_wakes_an_idle_follower_with_an_empty_batch(redis_url: str) -> None:
     async def scenario() -> None:
-        redis = Redis.from_url(redis_url)
-        hub = EventHub(redis, block_ms=200, idle_s=0.05)
         key = "test:hub:idle"
-        await redis.delete(key)
-        try:
-            async with hub.follow(key, "0-0") as follower:
-                started = asyncio.get_running_loop().time()
-                assert await asyncio.wait_for(follower.next_batch(), 2) == []
-                # Woken at its idle deadline, within a tick of the hub's ticker.
-                assert 0.05 <= asyncio.get_running_loop().time() - started < 1
-                await redis.xadd(key, {"n": 1}, id="0-1")
-                assert [entry_id for entry_id, _ in await asyncio.wait_for(follower.next_batch(), 2)] == [
-                    b"0-1"
-                ]
-        finally:
-            await hub.close()
-            await redis.delete(key)
-            await redis.aclose()
+        async with (
+            _hub_on(redis_url, key, block_ms=200, idle_s=0.05) as (redis, hub),
+            hub.follow(key, "0-0") as follower,
+        ):
+            started = asyncio.get_running_loop().time()
+            assert await asyncio.wait_for(follower.next_batch(), 2) == []
+            # Woken at its idle deadline, within a tick of the hub's ticker.
+            assert 0.05 <= asyncio.get_running_loop().time() - started < 1
+            await redis.xadd(key, {"n": 1}, id="0-1")
+            assert [entry_id for entry_id, _ in await asyncio.wait_for(follower.next_batch(), 2)] == [b"0-1"]
 
     asyncio.run(scenario())
 
@@ -206,36 +210,26 @@ def test_a_log_opened_as_it_is_created_needs_no_catch_up_read_and_wakes_the_hub_
     monkeypatch.setattr(Redis, "xrange", spied_xrange)
 
     async def scenario() -> None:
-        redis = Redis.from_url(redis_url)
-        hub = EventHub(redis, block_ms=5000)
         other, key = "test:hub:other", "test:hub:opened"
-        await redis.delete(other, key)
-        try:
-            async with hub.follow(other, "0-0"):
-                await asyncio.sleep(0.2)  # the hub is blocked on the other log, for 5 s
-                opened = hub.open_new(key, _opening(2))
-                pipe = redis.pipeline(transaction=True)
-                for event in _opening(2):
-                    pipe.xadd(
-                        key, {"type": event.type, "data": event.data}, id=f"0-{event.sequence_number + 1}"
-                    )
-                opened.stage_wake(pipe)
-                assert len(pipe) == 4  # the two events, and the wake-up's XADD and EXPIRE
-                await pipe.execute()
-                async with hub.following(opened) as follower:
-                    first = await follower.next_batch(wait=False)
-                    assert [entry_id for entry_id, _ in first] == [b"0-1", b"0-2"]
-                    assert first[1][1] == {b"type": b"response.created", b"data": b'{"n": 1}'}
-                    await redis.xadd(key, {"type": "x", "data": "3"}, id="0-3")
-                    # Well within the hub's 5 s block: the staged wake-up made it read the new log.
-                    batch = await asyncio.wait_for(follower.next_batch(), 2)
-                    assert [entry_id for entry_id, _ in batch] == [b"0-3"]
-                assert hub._streams.position(key.encode()) is None  # closed: no longer followed
-                assert ranges == [(other,)]  # the other log's follow caught up; the opened one never did
-        finally:
-            await hub.close()
-            await redis.delete(other, key)
-            await redis.aclose()
+        async with _hub_on(redis_url, other, key, block_ms=5000) as (redis, hub), hub.follow(other, "0-0"):
+            await asyncio.sleep(0.2)  # the hub is blocked on the other log, for 5 s
+            opened = hub.open_new(key, _opening(2))
+            pipe = redis.pipeline(transaction=True)
+            for event in _opening(2):
+                pipe.xadd(key, {"type": event.type, "data": event.data}, id=f"0-{event.sequence_number + 1}")
+            opened.stage_wake(pipe)
+            assert len(pipe) == 4  # the two events, and the wake-up's XADD and EXPIRE
+            await pipe.execute()
+            async with hub.following(opened) as follower:
+                first = await follower.next_batch(wait=False)
+                assert [entry_id for entry_id, _ in first] == [b"0-1", b"0-2"]
+                assert first[1][1] == {b"type": b"response.created", b"data": b'{"n": 1}'}
+                await redis.xadd(key, {"type": "x", "data": "3"}, id="0-3")
+                # Well within the hub's 5 s block: the staged wake-up made it read the new log.
+                batch = await asyncio.wait_for(follower.next_batch(), 2)
+                assert [entry_id for entry_id, _ in batch] == [b"0-3"]
+            assert hub._streams.position(key.encode()) is None  # closed: no longer followed
+            assert ranges == [(other,)]  # the other log's follow caught up; the opened one never did
 
     asyncio.run(scenario())
 
@@ -243,33 +237,28 @@ def test_a_log_opened_as_it_is_created_needs_no_catch_up_read_and_wakes_the_hub_
 @pytest.mark.timeout(30)
 def test_an_opened_log_whose_step_failed_or_whose_relay_never_ran_leaves_the_hub(redis_url: str) -> None:
     async def scenario() -> None:
-        redis = Redis.from_url(redis_url)
-        hub = EventHub(redis, block_ms=5000)
         other = "test:hub:other"
-        await redis.delete(other, "test:hub:late")
-        try:
-            async with hub.follow(other, "0-0"):
-                await asyncio.sleep(0.2)
-                # The creating step failed: the follower leaves, and the wake-up the join owed
-                # is still sent (a joiner meanwhile relied on it and sent none).
-                failed = hub.open_new("test:hub:failed", _opening(1))
-                late = hub.open_new("test:hub:late", _opening(1))
-                late.stage_wake(pipe := redis.pipeline(transaction=False))
-                assert len(pipe) == 0  # the first join owes the wake-up, this one none
-                await failed.abandon()
-                assert hub._streams.position(b"test:hub:failed") is None
-                # Well within the hub's 5 s block, it reads the late joiner's log.
-                await redis.xadd("test:hub:late", {"n": 1}, id="0-2")
-                batch = await asyncio.wait_for(late.follower.next_batch(), 2)
-                assert [entry_id for entry_id, _ in batch] == [b"0-1", b"0-2"]
-                # A handle dropped unclosed (a relay that never started) leaves with it.
-                assert hub._streams.position(b"test:hub:late") == (0, 2)
-                del late
-                gc.collect()
-                assert hub._streams.position(b"test:hub:late") is None
-        finally:
-            await hub.close()
-            await redis.delete(other, "test:hub:late")
-            await redis.aclose()
+        async with (
+            _hub_on(redis_url, other, "test:hub:late", block_ms=5000) as (redis, hub),
+            hub.follow(other, "0-0"),
+        ):
+            await asyncio.sleep(0.2)
+            # The creating step failed: the follower leaves, and the wake-up the join owed
+            # is still sent (a joiner meanwhile relied on it and sent none).
+            failed = hub.open_new("test:hub:failed", _opening(1))
+            late = hub.open_new("test:hub:late", _opening(1))
+            late.stage_wake(pipe := redis.pipeline(transaction=False))
+            assert len(pipe) == 0  # the first join owes the wake-up, this one none
+            await failed.abandon()
+            assert hub._streams.position(b"test:hub:failed") is None
+            # Well within the hub's 5 s block, it reads the late joiner's log.
+            await redis.xadd("test:hub:late", {"n": 1}, id="0-2")
+            batch = await asyncio.wait_for(late.follower.next_batch(), 2)
+            assert [entry_id for entry_id, _ in batch] == [b"0-1", b"0-2"]
+            # A handle dropped unclosed (a relay that never started) leaves with it.
+            assert hub._streams.position(b"test:hub:late") == (0, 2)
+            del late
+            gc.collect()
+            assert hub._streams.position(b"test:hub:late") is None
 
     asyncio.run(scenario())
