@@ -253,8 +253,12 @@ def test_an_opened_log_whose_step_failed_or_whose_relay_never_ran_leaves_the_hub
             assert hub._streams.position(b"test:hub:failed") is None
             # Well within the hub's 5 s block, it reads the late joiner's log.
             await redis.xadd("test:hub:late", {"n": 1}, id="0-2")
-            batch = await asyncio.wait_for(late.follower.next_batch(), 2)
-            assert [entry_id for entry_id, _ in batch] == [b"0-1", b"0-2"]
+            # The opening entry is held from the start, so it may come in a batch of its own.
+            taken: list[bytes] = []
+            while len(taken) < 2:
+                batch = await asyncio.wait_for(late.follower.next_batch(), 2)
+                taken += [entry_id for entry_id, _ in batch]
+            assert taken == [b"0-1", b"0-2"]
             # A handle dropped unclosed (a relay that never started) leaves with it.
             assert hub._streams.position(b"test:hub:late") == (0, 2)
             del late
