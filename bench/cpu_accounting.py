@@ -2,8 +2,11 @@
 
 A system is a set of processes (resq: its GPU worker, post-process workers, API and
 Redis; ``transformers serve``: its server process and, since transformers 5.25, the model
-process it spawns, read as the server's children). Their CPU is read with ``psutil`` per
-thread, before and after a run; the threads that run transformers' generation loop
+process it spawns, read as the server's children). Their CPU is read per thread, before and
+after a run: from the scheduler's own count in nanoseconds (``/proc/<pid>/task/<tid>/schedstat``)
+where Linux has it, else ``psutil``'s user and system times, which Linux gives in 10 ms clock
+ticks, each thread's reading cut down to a whole tick (over the ~100 threads of a resq stack
+that blurred a round's figure by several microseconds per token); the threads that run transformers' generation loop
 (``ContinuousBatchingManager._run_generation_loop``: the forward step, the scheduler
 and the sampling of every batch) are the engine and are counted apart. What is left
 is what the server costs on top of the model: HTTP, JSON, detokenising, queues,
@@ -19,9 +22,11 @@ measured rather than guessed.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,8 +85,31 @@ ThreadTimes = dict[tuple[int, int], float]
 """CPU seconds (user + system) per ``(pid, os thread id)``."""
 
 
-def thread_times(pids: Sequence[int]) -> ThreadTimes:
-    """CPU seconds of every thread of ``pids`` and of their child processes, now."""
+def schedstat_seconds(pid: int, tid: int) -> float | None:
+    """CPU seconds thread ``tid`` of process ``pid`` has run, to the nanosecond (the first field
+    of its ``schedstat``); None when the file cannot be read (no such thread, or no schedstat)."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as stat:
+            return int(stat.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _has_schedstat() -> bool:
+    """Whether this kernel counts thread CPU in ``schedstat`` (Linux with ``CONFIG_SCHED_INFO``)."""
+    return schedstat_seconds(os.getpid(), threading.get_native_id()) is not None
+
+
+SCHEDSTAT = _has_schedstat()
+"""Read thread CPU from ``schedstat``; else from ``psutil`` (whole 10 ms ticks on Linux)."""
+
+
+def thread_times(pids: Sequence[int], precise: bool = SCHEDSTAT) -> ThreadTimes:
+    """CPU seconds of every thread of ``pids`` and of their child processes, now.
+
+    ``precise``: from ``schedstat`` (see the module); a thread that ended between the listing and
+    its reading is left out, as one that ended before the listing is.
+    """
     times: ThreadTimes = {}
     for pid in pids:
         try:
@@ -91,10 +119,14 @@ def thread_times(pids: Sequence[int]) -> ThreadTimes:
             continue
         for member in family:
             try:
-                for thread in member.threads():
-                    times[(member.pid, thread.id)] = thread.user_time + thread.system_time
+                threads = member.threads()
             except psutil.NoSuchProcess:
                 continue
+            for thread in threads:
+                if not precise:
+                    times[(member.pid, thread.id)] = thread.user_time + thread.system_time
+                elif (seconds := schedstat_seconds(member.pid, thread.id)) is not None:
+                    times[(member.pid, thread.id)] = seconds
     return times
 
 

@@ -420,6 +420,44 @@ def test_cpu_split_counts_the_engine_threads_apart() -> None:
     assert spent.server_s_by_label == pytest.approx({"gpu-worker": 0.5, "api": 0.5})
 
 
+def test_thread_times_read_each_thread_to_the_nanosecond_not_in_whole_clock_ticks() -> None:
+    """B7 reads every thread's CPU: psutil's Linux figures are whole 10 ms ticks per thread, which
+    over a stack's ~100 threads blurred a round's figure; ``schedstat`` counts nanoseconds."""
+    import os
+    import threading
+    import time
+
+    from bench.cpu_accounting import SCHEDSTAT, thread_times
+
+    if not SCHEDSTAT:
+        pytest.skip("this kernel has no per-thread schedstat")
+    burnt: list[float] = []
+    measured = threading.Event()
+    ready = threading.Event()
+    tid: list[int] = []
+
+    def burn_then_wait() -> None:
+        tid.append(threading.get_native_id())
+        began = time.thread_time()
+        while time.thread_time() - began < 0.023:  # 23 ms: not a whole number of ticks
+            pass
+        burnt.append(time.thread_time())
+        ready.set()
+        measured.wait(10)
+
+    worker = threading.Thread(target=burn_then_wait)
+    worker.start()
+    try:
+        assert ready.wait(10)
+        # The thread sleeps now, so the scheduler's count is final: it equals the thread's own clock.
+        read = thread_times([os.getpid()])[(os.getpid(), tid[0])]
+        assert read == pytest.approx(burnt[0], abs=0.001)
+        assert read * 100 != pytest.approx(round(read * 100), abs=0.01)  # not a whole tick
+    finally:
+        measured.set()
+        worker.join()
+
+
 def test_engine_threads_are_found_by_the_generation_loop_name() -> None:
     """py-spy names transformers' generation thread in this very process (needs ptrace rights)."""
     import os
