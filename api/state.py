@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Concatenate, ParamSpec, TypeVar
+from typing import Concatenate, NamedTuple, ParamSpec, TypeVar
 
 from celery import Celery
 from redis import Redis
@@ -29,6 +29,7 @@ from api.store import ResponseStore
 from resq import affinity
 from resq.catalog import AsyncModelCatalog
 from resq.celery_app import make_celery
+from resq.guarded_step import GuardedStep
 from resq.heartbeat import new_worker_id
 from resq.recovery import generations
 from resq.recovery.dispatch import queue_generation, queue_postprocessing, send_generation
@@ -129,6 +130,15 @@ def in_an_accept_slot(
     return in_a_slot
 
 
+class Routed(NamedTuple):
+    """Where :meth:`AppState.route_generation` sends a job."""
+
+    outcome: affinity.Outcome | None
+    """``hit``, ``fallback`` or ``none``; None when the request named no prefix to follow."""
+    worker: str | None
+    """The GPU worker whose own queue takes the job; None: the model's shared queue."""
+
+
 @dataclass
 class AppState:
     """Per-process state of the API, built at start-up and closed at shutdown."""
@@ -156,6 +166,11 @@ class AppState:
     )
     accept_slots: AcceptSlots = field(default_factory=lambda: AcceptSlots(ACCEPT_CONCURRENCY))
     """Requests being accepted at once; the rest wait their turn."""
+    guarded_step: GuardedStep = field(init=False)
+    """Runs the step recording a new response behind its admission, in one round trip."""
+
+    def __post_init__(self) -> None:
+        self.guarded_step = GuardedStep(self.redis)
 
     @classmethod
     def build(cls, settings: Settings) -> AppState:
@@ -198,16 +213,16 @@ class AppState:
             self.prompt_pool, functools.partial(context.run, function, *args, **kwargs)
         )
 
-    async def admit_generation(self, response_id: str) -> bool:
-        """Count a new response's generation against ``RESQ_MAX_PENDING``, before anything else of
-        it is written; False (nothing written) when that many are queued or running already.
-
-        The reaper drops an admitted entry whose response never got a record (this process died
-        before :meth:`stage_recovery`'s step), so the count cannot leak.
-        """
-        pipe = self.redis.pipeline(transaction=False)
+    def stage_admission(self, pipe: AsyncPipeline, response_id: str) -> None:
+        """Queue, first in the step that records a new response (:meth:`record_admitted`), the
+        count of its generation against ``RESQ_MAX_PENDING``: the step's guard."""
         generations.admit(pipe, response_id, time.time(), self.settings.max_pending)
-        return bool((await pipe.execute())[0])
+
+    async def record_admitted(self, pipe: AsyncPipeline) -> bool:
+        """Run the step that records a new response, behind its admission (queued first by
+        :meth:`stage_admission`): one round trip (:mod:`resq.guarded_step`). False, and nothing
+        written, when ``RESQ_MAX_PENDING`` generations are queued or running already."""
+        return await self.guarded_step.execute(pipe)
 
     def stage_recovery(self, pipe: AsyncPipeline, response_id: str) -> None:
         """Queue, in the step that records the response, its registration with the reaper: from
@@ -216,18 +231,22 @@ class AppState:
         pipeline per request.)"""
         register_lease(pipe, response_id, self.settings.postprocess_lease_s)
 
-    async def route_generation(self, model: str, lookup: tuple[str, ...]) -> str | None:
+    async def route_generation(self, model: str, lookup: tuple[str, ...]) -> Routed:
         """The GPU worker whose own queue a job goes to: the one that served its prefix last, when
         ``lookup`` names one that can take it (:mod:`resq.affinity`); None: the model's shared queue.
-        No round trip without ``lookup``."""
+        No round trip without ``lookup``. Counted by :meth:`count_routed` once the job is admitted."""
         if not lookup:
-            return None
+            return Routed(None, None)
         reply = await self.redis.eval(
             affinity.ROUTE_LUA, len(lookup), *lookup, affinity.WORKER_DETAILS_TEMPLATE, model
         )
-        outcome, worker = affinity.parse_route(reply)
-        api_metrics.AFFINITY_ROUTED.labels(outcome).inc()
-        return worker
+        return Routed(*affinity.parse_route(reply))
+
+    @staticmethod
+    def count_routed(routed: Routed) -> None:
+        """Count an admitted job's routing in the affinity metrics (a refused one is not routed)."""
+        if routed.outcome is not None:
+            api_metrics.AFFINITY_ROUTED.labels(routed.outcome).inc()
 
     async def queue_messages(
         self, pipe: AsyncPipeline, response_id: str, model: str, worker: str | None

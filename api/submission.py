@@ -358,18 +358,14 @@ async def accept(
 
     created_json = jsonutil.dumps(created)
     ttl = settings.transient_ttl_s
-    if not await state.admit_generation(response_id):
-        raise rate_limited(
-            f"The server is at capacity ({settings.max_pending} generations queued or running); "
-            "please retry shortly.",
-            RETRY_AFTER_S,
-        )
-    worker = await state.route_generation(model, routing.lookup)
+    routed = await state.route_generation(model, routing.lookup)
     # The relay's follower joins before the log exists: no catch-up read of what is logged here,
     # and the hub's wake-up (if its read needs one) goes in the step below.
     opened = EventHub.of(state.redis).open_new(keys.events(response_id), logged) if follow else None
     try:
         pipe = state.redis.pipeline(transaction=True)
+        # The step's guard: nothing below is written when the server is at capacity.
+        state.stage_admission(pipe, response_id)
         state.stage_recovery(pipe, response_id)
         records.create(
             pipe,
@@ -395,15 +391,25 @@ async def accept(
         generations.stage(pipe, job, ttl, int(time.time() * 1000))
         # The Celery messages go in the same step: no window where the job is recorded but not
         # sent, and no round trip (nor thread hop) of their own before the first token.
-        await state.queue_messages(pipe, response_id, model, worker)
+        await state.queue_messages(pipe, response_id, model, routed.worker)
         if opened is not None:
             opened.stage_wake(pipe)
-        await pipe.execute()
-        faults.reached("api.after_record")
+        admitted = await state.record_admitted(pipe)
+        if admitted:
+            faults.reached("api.after_record")
     except BaseException:
         if opened is not None:
             await opened.abandon()
         raise
+    if not admitted:
+        if opened is not None:
+            await opened.abandon()
+        raise rate_limited(
+            f"The server is at capacity ({settings.max_pending} generations queued or running); "
+            "please retry shortly.",
+            RETRY_AFTER_S,
+        )
+    state.count_routed(routed)
     state.start_inline(response_id)
     log.info(
         "accepted: %d prompt tokens, at most %d new, stream=%s, endpoint=%s",
