@@ -394,21 +394,17 @@ async def accept(
         await state.queue_messages(pipe, response_id, model, routed.worker)
         if opened is not None:
             opened.stage_wake(pipe)
-        admitted = await state.record_admitted(pipe)
-        if admitted:
-            faults.reached("api.after_record")
-    except BaseException:
+        if not await state.record_admitted(pipe):
+            raise rate_limited(
+                f"The server is at capacity ({settings.max_pending} generations queued or running); "
+                "please retry shortly.",
+                RETRY_AFTER_S,
+            )
+        faults.reached("api.after_record")
+    except BaseException:  # refused, failed, or stopped after the step: the relay's join is undone
         if opened is not None:
             await opened.abandon()
         raise
-    if not admitted:
-        if opened is not None:
-            await opened.abandon()
-        raise rate_limited(
-            f"The server is at capacity ({settings.max_pending} generations queued or running); "
-            "please retry shortly.",
-            RETRY_AFTER_S,
-        )
     state.count_routed(routed)
     state.start_inline(response_id)
     log.info(

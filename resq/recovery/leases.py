@@ -205,7 +205,7 @@ class PostprocessLeases:
     def release_along(self, response_id: str) -> ReleaseAlong:
         """The release of ``response_id``'s lease, to send with its post-processor's last writes
         (then :meth:`release` needs no round trip of its own)."""
-        return ReleaseAlong(self, response_id)
+        return ReleaseAlong(self._release_ended.sha, self.holder_id, response_id)
 
     def abandon(self, response_id: str) -> None:
         """Stop renewing without releasing: the lease lapses and another post-processor retries."""
@@ -245,8 +245,9 @@ class ReleaseAlong:
     :meth:`PostprocessLeases.release` sends the usual release after the post-processor's retries.
     """
 
-    def __init__(self, leases: PostprocessLeases, response_id: str) -> None:
-        self._leases = leases
+    def __init__(self, script_sha: str, holder_id: str, response_id: str) -> None:
+        self._script_sha = script_sha
+        self._holder_id = holder_id
         self._response_id = response_id
         self.released = False
         """Whether the queued release went through (the lease is dropped in Redis)."""
@@ -257,12 +258,12 @@ class ReleaseAlong:
         """Queue the release on ``pipe``, by the script's sha (no ``SCRIPT EXISTS`` round trip; a
         ``NOSCRIPT`` reply after a Redis restart leaves it to :meth:`PostprocessLeases.release`)."""
         pipe.evalsha(
-            self._leases._release_ended.sha,
+            self._script_sha,
             3,
             *_LEASE_KEYS,
             keys.events(self._response_id),
             self._response_id,
-            self._leases.holder_id,
+            self._holder_id,
             *types.TERMINAL_TYPES_LISTED,
         )
 
