@@ -25,7 +25,7 @@ from typing import Any, Final
 from redis import Redis
 from redis.asyncio.client import Pipeline as AsyncPipeline
 from redis.client import Pipeline
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisError
 
 from resq import keys
 from resq.events import types
@@ -138,7 +138,17 @@ class PostprocessLeases:
         self._thread = threading.Thread(target=self._run, name="lease-renewal", daemon=True)
 
     def start(self) -> None:
-        """Start renewing."""
+        """Load the release-along script, and start renewing.
+
+        Loaded up front, a response's release rides on its terminal event from the first response
+        on: otherwise the first one's ``NOSCRIPT`` would release it in a round trip after the
+        terminal event, which a client may see before the lease is dropped. After a Redis restart
+        that is still the fallback (:meth:`release` loads the script again).
+        """
+        try:
+            self._redis.script_load(RELEASE_ENDED_LUA)
+        except RedisError as error:
+            log.warning("could not load the lease release script now (%s); it loads on first use", error)
         self._thread.start()
 
     def stop(self) -> None:

@@ -284,6 +284,25 @@ def test_a_release_sent_along_the_last_writes_drops_the_lease_only_once_the_log_
     assert send(first.release_along(RESPONSE))  # loaded again
 
 
+def test_started_leases_release_along_the_first_response_on_a_redis_without_scripts(r: redis.Redis) -> None:
+    """Started, the leases load the release-along script: the first response's release goes with
+    its terminal event, not in a round trip after it (a fresh Redis answered ``NOSCRIPT``)."""
+    r.script_flush()
+    leases = PostprocessLeases(r, "pp-1", lease_s=30)
+    leases.start()
+    try:
+        assert leases.take(RESPONSE)
+        r.xadd(keys.events(RESPONSE), {"type": "response.completed", "data": "{}"}, id="0-1")
+        along = leases.release_along(RESPONSE)
+        pipe = r.pipeline(transaction=False)
+        along.queue(pipe)
+        along.settle(pipe.execute(raise_on_error=False)[0])
+        assert along.released and not along.script_missing
+        assert r.zscore(keys.POSTPROCESS_LEASES, RESPONSE) is None
+    finally:
+        leases.stop()
+
+
 def test_a_lease_taken_along_with_reads_is_as_exclusive_and_returns_their_replies(r: redis.Redis) -> None:
     """The post-processor's first reads ride on the round trip that takes the lease."""
     r.set("resq:test:value", "7")
