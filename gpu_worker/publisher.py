@@ -284,7 +284,12 @@ class TokenPublisher:
         round_due = now >= self._round_at
         held: dict[str, GenerationOutput] = {}
         held_until: float | None = None
-        pipe = self._redis.pipeline(transaction=False)
+        # One transaction, not a plain pipeline: Redis wakes a blocked reader once per execution
+        # unit, so a post-process hub waiting on every stream of the round wakes once for all of
+        # them, and from Redis 7.2 on its XREAD, run again at that wake-up, returns the whole
+        # round in one reply (docs/benchmarks.md, "The Redis server"). Nothing here needs its
+        # atomicity: every command is safe to repeat (gpu_worker.pipelines).
+        pipe = self._redis.pipeline(transaction=True)
         # (response id, tokens it adds; _FINISH for a finish entry, _START for a start entry)
         appends: list[tuple[str, int]] = []
         finishing: dict[str, FinishEntry] = {}

@@ -412,8 +412,12 @@ class TokenStreamHub:
                 self._flush(staged)
 
     def _flush(self, staged: list[tuple[_HubStream, SteadyBatch]]) -> None:
-        """Send the round's steady writes in one pipeline and settle each batch with its replies."""
-        pipe = self.redis.pipeline(transaction=False)
+        """Send the round's steady writes in one transaction and settle each batch with its replies."""
+        # A transaction so that the API's event hub, blocked on every log of the round, wakes once
+        # for all of them (and from Redis 7.2 on reads them in one reply), as the GPU worker's
+        # rounds do (gpu_worker.publisher). A refused transaction (EXECABORT, e.g. out of memory)
+        # settles every batch with the error: their readers write again, one by one.
+        pipe = self.redis.pipeline(transaction=True)
         counts = [batch.queue(pipe) for _, batch in staged]
         replies: list[Any] = []
         if any(counts):

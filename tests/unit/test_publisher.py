@@ -20,6 +20,7 @@ from resq.recovery.generations import Fence, Generations, plan_resume
 from resq.recovery.generations import Resumption as Plan
 from resq.redis_types import range_entries
 from resq.wire import FinishEntry, GenerationJob, StartEntry, TokensEntry, TokenStreamEntry, decode_entry
+from tests.support.redis_server import PrivateRedis
 
 TTL_S = 600
 EOS = 2
@@ -115,12 +116,16 @@ def stream(r: redis.Redis, response_id: str) -> list[TokenStreamEntry]:
     return [decode_entry(fields) for _, fields in range_entries(r.xrange(keys.tokens(response_id)))]
 
 
-def test_a_pipeline_of_lua_calls_is_one_round_trip_and_survives_noscript(r: redis.Redis) -> None:
-    # A script text Redis has never seen: the first send meets NOSCRIPT, loads it, resends.
+@pytest.mark.parametrize("transaction", [False, True], ids=["pipeline", "transaction"])
+def test_a_pipeline_of_lua_calls_is_one_round_trip_and_survives_noscript(
+    r: redis.Redis, transaction: bool
+) -> None:
+    # A script text Redis has never seen: the first send meets NOSCRIPT, loads it, resends (in a
+    # transaction the commands around the refused EVALSHAs ran: they are safe to repeat).
     script = r.register_script(f"-- {uuid.uuid4().hex}\nreturn redis.call('INCRBY', KEYS[1], ARGV[1])")
     key = "resq-test:" + uuid.uuid4().hex
     for expected in ([2, 5, b"5"], [7, 10, b"10"]):
-        pipe = r.pipeline(transaction=False)
+        pipe = r.pipeline(transaction=transaction)
         script(keys=[key], args=[2], client=pipe)
         script(keys=[key], args=[3], client=pipe)
         pipe.get(key)
@@ -470,3 +475,28 @@ def test_the_affinity_record_rides_on_the_requests_first_round_behind_the_other_
     publisher.step(0)
     assert r.exists(*affinity_keys) == 0
     r.delete(keys.cancel(silent.response_id))
+
+
+def test_a_round_of_several_requests_goes_out_as_one_transaction(private_redis: PrivateRedis) -> None:
+    """Redis wakes a blocked reader once per execution unit: a round sent as one ``MULTI``/``EXEC``
+    wakes the post-process hub waiting on all its streams once (and from Redis 7.2 on, the hub's
+    ``XREAD``, run again then, returns every stream of the round), where a plain pipeline woke it
+    at its first append and left the rest to more reads (docs/benchmarks.md)."""
+    r = private_redis.client()
+    engine, publisher, first = interval_publisher(r, interval_s=0.0)
+    engine.outputs.append(decoding(first, [11]))
+    publisher.step(0)  # a round of its own, which also loads the scripts on this fresh Redis
+    gens = Generations(r, TTL_S)
+    second = staged_job(r, max_output_tokens=16)
+    fence, plan = claim_and_plan(gens, second)
+    publisher.start_request(second.response_id, fence, plan)
+    engine.outputs += [decoding(first, [11, 12]), decoding(second, [21])]
+    r.config_resetstat()
+    publisher.step(0)  # the first's next token, the second's start entry and first token
+    calls = {name: stats["calls"] for name, stats in r.info("commandstats").items()}
+    assert stream(r, first.response_id)[-1] == TokensEntry([12], start=1)
+    assert stream(r, second.response_id)[-2:] == [StartEntry(3), TokensEntry([21], start=0)]
+    assert calls.get("cmdstat_multi") == 1
+    assert calls.get("cmdstat_exec") == 1
+    assert calls.get("cmdstat_evalsha") == 3
+    r.close()

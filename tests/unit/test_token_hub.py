@@ -151,6 +151,8 @@ class Counting:
         self.taken: list[bytes] = []
         self.replies: list[Any] = []
         self.threads: set[str] = set()
+        self.in_transaction: list[bool] = []
+        """Per batch queued: whether the hub's pipeline was a ``MULTI``/``EXEC``."""
         self._hand_back_at = hand_back_at
 
     def step(self, entries: list[StreamEntry]) -> SteadyBatch | None:
@@ -167,6 +169,7 @@ class _Increment:
         self._hand_back = hand_back
 
     def queue(self, pipe: Pipeline) -> int:
+        self._consumer.in_transaction.append(pipe.transaction)
         pipe.incr(self._consumer.counter)
         return 1
 
@@ -184,7 +187,7 @@ def _wait_until(condition: Callable[[], bool]) -> None:
 
 @pytest.mark.timeout(30)
 def test_entries_a_steady_consumer_takes_never_wake_its_reader(redis_client: Redis) -> None:
-    """Taken entries are consumed on the hub's thread, their writes share one pipeline per round,
+    """Taken entries are consumed on the hub's thread, their writes share one transaction per round,
     and the waiting reader sleeps through them to the end of its block time; what the consumer
     declines wakes the reader at once, after what it took, in order."""
     hub = TokenStreamHub(redis_client, block_ms=200)
@@ -220,6 +223,9 @@ def test_entries_a_steady_consumer_takes_never_wake_its_reader(redis_client: Red
         assert consumers[1].taken == [b"0-1"]
         assert consumers[0].replies == [1, 2] and consumers[1].replies == [1]
         assert consumers[0].threads == consumers[1].threads == {"token-hub"}
+        # A round's writes are one transaction: the API's event hub, blocked on every log they
+        # append to, wakes once for all of them (gpu_worker.publisher's rounds, likewise).
+        assert consumers[0].in_transaction == [True, True] and consumers[1].in_transaction == [True]
         entries, waited = results[0]
         assert entries == [b"0-3"] and waited < 1.2  # woken by the declined entry
         entries, waited = results[1]
