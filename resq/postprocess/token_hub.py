@@ -356,6 +356,12 @@ class TokenStreamHub:
             try:
                 reply = self._read(command)
             except Exception:  # the thread must outlive any failure: every reader depends on it
+                with self._lock:
+                    closed = self._stopped
+                if closed:
+                    # Closed while the read was out: its failure is the shutdown (the process, or
+                    # its Redis client, going away under it), not an error to report.
+                    return
                 log.exception("reading token streams failed; retrying")
                 time.sleep(RETRY_PAUSE_S)
                 continue

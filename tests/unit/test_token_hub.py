@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ from resq.postprocess.token_hub import (
     TokenStreamHub,
 )
 from resq.redis_types import StreamEntry
+from tests.support.redis_server import PrivateRedis
 
 
 def _read_until(stream: TokenStream, last: bytes, after: bytes = b"0-0") -> list[bytes]:
@@ -341,3 +344,33 @@ def test_a_wake_up_owed_by_a_joined_stream_that_was_never_read_is_sent_when_it_c
     finally:
         hub.close()
         redis_client.delete(busy, dropped, later)
+
+
+@pytest.mark.timeout(30)
+def test_a_hub_closed_while_its_read_is_out_ends_quietly_when_its_redis_goes_away(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hub closed while its read is blocked ends within that read; when its Redis goes away under
+    the read meanwhile (a test's private server stopping, a process exiting), the failure is the
+    shutdown, not an error to report: it used to log "reading token streams failed; retrying"."""
+    server = PrivateRedis(tmp_path)
+    server.start()
+    client = server.client()
+    hubs_before = {thread for thread in threading.enumerate() if thread.name == "token-hub"}
+    hub = TokenStreamHub(client, block_ms=5_000)
+    reader = hub.open("test:token-hub:closing")
+    try:
+        assert reader.read("0-0", 512, 100) == []  # joined: the hub's read now blocks for 5 s
+        (thread,) = {t for t in threading.enumerate() if t.name == "token-hub"} - hubs_before
+        time.sleep(0.2)
+        with caplog.at_level(logging.WARNING, logger="resq.postprocess.token_hub"):
+            hub.close()
+            server.stop()  # the read fails now, and so does every retry of it
+            thread.join(10)
+        assert not thread.is_alive()
+        assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
+    finally:
+        reader.close()
+        hub.close()
+        server.stop()
+        client.close()
