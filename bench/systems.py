@@ -50,6 +50,13 @@ def resq_env(redis_url: str, model: BenchModel, **extra: str) -> dict[str, str]:
     }
 
 
+def reports_gpu_workers(health: dict[str, Any], started: int) -> bool:
+    """Whether a ``/health`` body counts at least the ``started`` GPU workers (each reports in
+    once its model is loaded)."""
+    counted = health.get("gpu_workers", 0)
+    return isinstance(counted, int) and counted >= started
+
+
 @dataclass
 class ResqStack:
     """A GPU worker, post-process workers and one API on a model."""
@@ -86,17 +93,24 @@ class ResqStack:
         self.base_url = f"http://127.0.0.1:{port}"
 
     def wait_ready(self) -> None:
-        """Wait until ``/health`` says every role answers and ``/v1/models`` lists this stack's model.
+        """Wait until ``/health`` says every role answers, with as many GPU workers as this stack
+        started, and ``/v1/models`` lists this stack's model.
 
         ``/health`` alone is not enough on a Redis an earlier stack used: that stack's GPU
         worker stays listed until its heartbeat expires, before this one has loaded its model.
+        Nor with two GPU workers: it answers 200 once one has loaded its model, and the agent
+        loops of a round started then all stay with that one (cache-aware routing).
         """
         wait_until(
-            lambda: http_ok(f"{self.base_url}/health") and self._serves_model(),
+            lambda: self._every_gpu_worker_reports() and self._serves_model(),
             START_TIMEOUT_S,
             "resq",
             self.procs,
         )
+
+    def _every_gpu_worker_reports(self) -> bool:
+        reply = httpx.get(f"{self.base_url}/health", timeout=2)
+        return reply.status_code == 200 and reports_gpu_workers(reply.json(), self.gpu_workers)
 
     def _serves_model(self) -> bool:
         listed = httpx.get(f"{self.base_url}/v1/models", timeout=2).json().get("data", [])

@@ -647,3 +647,14 @@ def test_an_embedded_redis_runs_the_binary_it_is_given_and_its_cpu_is_counted_un
         assert psutil.Process(pid).name() == "valkey-server"
     finally:
         server.stop()
+
+
+def test_a_stack_of_two_gpu_workers_is_ready_only_when_health_counts_both() -> None:
+    """``/health`` answers 200 once one GPU worker has loaded its model; the affinity bench's
+    loops started then all stayed with that worker, so its warm-up measured one worker."""
+    from bench.systems import reports_gpu_workers
+
+    assert not reports_gpu_workers({"status": "ok", "gpu_workers": 1}, started=2)
+    assert reports_gpu_workers({"status": "ok", "gpu_workers": 2}, started=2)
+    assert reports_gpu_workers({"status": "ok", "gpu_workers": 1}, started=1)
+    assert not reports_gpu_workers({"status": "ok"}, started=1)
