@@ -73,6 +73,12 @@ def print_table(console: Console, table: Table) -> None:
     "--redis-url", help="Use this Redis database (FLUSHED) instead of starting a private redis-server."
 )
 @click.option(
+    "--redis-server",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Run the private Redis from this redis-server (or valkey-server) binary instead of the "
+    "bundled one (e.g. the Redis version a deployment runs).",
+)
+@click.option(
     "--out",
     "out_dir",
     type=click.Path(path_type=Path),
@@ -103,6 +109,7 @@ def bench_command(
     scenarios: tuple[str, ...],
     no_serve: bool,
     redis_url: str | None,
+    redis_server: str | None,
     out_dir: Path,
     run_dir: Path | None,
     wait_quiet: bool,
@@ -111,6 +118,9 @@ def bench_command(
 ) -> None:
     """Benchmark resq against the direct engine, `transformers serve` and the relay floor (scenarios B1-B4), and structured outputs against plain streaming (B5)."""
     from bench.runner import BenchRun
+
+    if redis_url and redis_server:
+        raise click.UsageError("--redis-url and --redis-server exclude each other")
 
     console = Console()
     plan = Plan().quick if quick else Plan()
@@ -130,7 +140,7 @@ def bench_command(
     run_dir.mkdir(parents=True, exist_ok=True)
     console.print(f"resq bench: {plan.runs()} measured runs; logs and raw results in {run_dir}")
     started = time.monotonic()
-    results = BenchRun(plan, run_dir, console, redis_url).run()
+    results = BenchRun(plan, run_dir, console, redis_url, redis_server).run()
     results.context["duration_s"] = round(time.monotonic() - started)
     results.context["waited_for_quiet"] = quiet
     results.context["command"] = "make bench" if not quick else "resq bench --quick"

@@ -83,15 +83,35 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def redis_server_version(info: dict[str, Any]) -> str:
+    """The server's version from its ``INFO server``; a fork's own name and version first
+    (Valkey answers ``redis_version`` 7.2.4, the Redis it is compatible with)."""
+    redis_version = str(info.get("redis_version", "?"))
+    name = info.get("server_name")
+    if isinstance(name, str) and name != "redis" and f"{name}_version" in info:
+        return f"{name} {info[f'{name}_version']} (as Redis {redis_version})"
+    return redis_version
+
+
 class BenchRun:
     """One execution of a plan; :meth:`run` returns every record."""
 
-    def __init__(self, plan: Plan, run_dir: Path, console: Console, redis_url: str | None = None) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        run_dir: Path,
+        console: Console,
+        redis_url: str | None = None,
+        redis_server: str | None = None,
+    ) -> None:
+        """``redis_url``: a Redis database to use (flushed); else a private server of
+        ``redis_server``'s binary (the bundled redis-server when unset)."""
         self.plan = plan
         self.run_dir = run_dir
         self.console = console
         self.results = ResultSet()
         self._redis_url = redis_url
+        self._redis_server = redis_server
         self._group = ProcGroup(run_dir / "logs")
         self._progress: Progress | None = None
         self._task: Any = None
@@ -128,7 +148,7 @@ class BenchRun:
             client.close()
             yield self._redis_url
             return
-        server = EmbeddedRedis()
+        server = EmbeddedRedis(binary=self._redis_server)
         server.start()
         try:
             yield server.url
@@ -150,7 +170,7 @@ class BenchRun:
             "python": platform.python_version(),
             "torch": torch.__version__,
             "transformers": transformers.__version__,
-            "redis_server": info.get("redis_version", "?"),
+            "redis_server": redis_server_version(info),
             "plan": asdict(self.plan),
             "models": {model.key: model.description for model in models},
         }

@@ -658,3 +658,12 @@ def test_a_stack_of_two_gpu_workers_is_ready_only_when_health_counts_both() -> N
     assert reports_gpu_workers({"status": "ok", "gpu_workers": 2}, started=2)
     assert reports_gpu_workers({"status": "ok", "gpu_workers": 1}, started=1)
     assert not reports_gpu_workers({"status": "ok"}, started=1)
+
+
+def test_the_bench_names_a_forks_version_and_the_redis_it_answers_as() -> None:
+    from bench.runner import redis_server_version
+
+    assert redis_server_version({"redis_version": "6.2.14"}) == "6.2.14"
+    assert redis_server_version({"redis_version": "7.4.2", "server_name": "redis"}) == "7.4.2"
+    valkey = {"redis_version": "7.2.4", "server_name": "valkey", "valkey_version": "8.0.1"}
+    assert redis_server_version(valkey) == "valkey 8.0.1 (as Redis 7.2.4)"
