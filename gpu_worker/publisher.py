@@ -287,7 +287,7 @@ class TokenPublisher:
         # One transaction, not a plain pipeline: Redis wakes a blocked reader once per execution
         # unit, so a post-process hub waiting on every stream of the round wakes once for all of
         # them, and from Redis 7.2 on its XREAD, run again at that wake-up, returns the whole
-        # round in one reply (docs/benchmarks.md, "The Redis server"). Nothing here needs its
+        # round in one reply (docs/benchmarks.md, "a round as one transaction"). Nothing here needs its
         # atomicity: every command is safe to repeat (gpu_worker.pipelines).
         pipe = self._redis.pipeline(transaction=True)
         # (response id, tokens it adds; _FINISH for a finish entry, _START for a start entry)
