@@ -18,6 +18,7 @@ from celery import Celery
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 from redis.asyncio.client import Pipeline as AsyncPipeline
+from redis.commands.core import AsyncScript
 
 from api import metrics as api_metrics
 from api.auth import KeyRing, parse_api_keys
@@ -168,9 +169,12 @@ class AppState:
     """Requests being accepted at once; the rest wait their turn."""
     guarded_step: GuardedStep = field(init=False)
     """Runs the step recording a new response behind its admission, in one round trip."""
+    _route: AsyncScript = field(init=False)
+    """:data:`resq.affinity.ROUTE_LUA`, sent by its sha (not its text with every routed request)."""
 
     def __post_init__(self) -> None:
         self.guarded_step = GuardedStep(self.redis)
+        self._route = self.redis.register_script(affinity.ROUTE_LUA)
 
     @classmethod
     def build(cls, settings: Settings) -> AppState:
@@ -237,9 +241,7 @@ class AppState:
         No round trip without ``lookup``. Counted by :meth:`count_routed` once the job is admitted."""
         if not lookup:
             return Routed(None, None)
-        reply = await self.redis.eval(
-            affinity.ROUTE_LUA, len(lookup), *lookup, affinity.WORKER_DETAILS_TEMPLATE, model
-        )
+        reply = await self._route(keys=list(lookup), args=[affinity.WORKER_DETAILS_TEMPLATE, model])
         return Routed(*affinity.parse_route(reply))
 
     @staticmethod

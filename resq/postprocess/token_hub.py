@@ -358,12 +358,11 @@ class TokenStreamHub:
             except Exception:  # the thread must outlive any failure: every reader depends on it
                 with self._lock:
                     closed = self._stopped
-                if closed:
-                    # Closed while the read was out: its failure is the shutdown (the process, or
-                    # its Redis client, going away under it), not an error to report.
-                    return
-                log.exception("reading token streams failed; retrying")
-                time.sleep(RETRY_PAUSE_S)
+                if not closed:
+                    log.exception("reading token streams failed; retrying")
+                    time.sleep(RETRY_PAUSE_S)
+                # Closed while the read was out, its failure is the shutdown (the process, or its
+                # Redis client, going away under it): the loop's top ends the thread.
                 continue
             finally:
                 with self._lock:
