@@ -55,6 +55,37 @@ class OpenAIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+def store_unavailable() -> OpenAIError:
+    """503 ``server_overloaded``: Redis is unreachable, or every pooled connection stayed busy past
+    the pool's wait (a burst of thousands of requests at once). The request can be retried, as the
+    SDKs do on a 503 by themselves: nothing of it was admitted, or its recovery record remains."""
+    return OpenAIError(
+        503,
+        "The server is overloaded or its store is unreachable; please retry the request.",
+        type="server_error",
+        code="server_overloaded",
+        headers={"Retry-After": "1"},
+    )
+
+
+def internal_error() -> OpenAIError:
+    """500 ``server_error``: a fault of the server; what it was is logged, never sent."""
+    return OpenAIError(500, "The server had an error while processing your request.", type="server_error")
+
+
+def as_openai_error(failure: BaseException) -> OpenAIError:
+    """What the client is told of ``failure``, raised while handling its request: the answer the
+    HTTP exception handlers give it (the WebSocket mode answers with the same error). Logs what is
+    not the client's fault."""
+    if isinstance(failure, OpenAIError):
+        return failure
+    if isinstance(failure, RedisConnectionError | RedisTimeoutError):
+        log.warning("Redis unavailable while handling a request: %s", failure)
+        return store_unavailable()
+    log.error("unhandled error", exc_info=failure)
+    return internal_error()
+
+
 def invalid_value(message: str, param: str | None, code: str = "invalid_value") -> OpenAIError:
     """A 400 for a bad value of ``param``."""
     return OpenAIError(400, message, param=param, code=code)
@@ -237,23 +268,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RedisConnectionError)
     @app.exception_handler(RedisTimeoutError)
-    async def _redis_unavailable(_: Request, exc: Exception) -> Response:
-        # Redis is unreachable, or every pooled connection stayed busy past the pool's wait (a
-        # burst of thousands of requests at once): the request can be retried, as the SDKs do
-        # on a 503 by themselves. Nothing of it was admitted, or its recovery record remains.
-        log.warning("Redis unavailable while handling a request: %s", exc)
-        error = OpenAIError(
-            503,
-            "The server is overloaded or its store is unreachable; please retry the request.",
-            type="server_error",
-            code="server_overloaded",
-        )
-        return json_response(error.body(), status_code=503, headers={"Retry-After": "1"})
-
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> Response:
-        log.exception("unhandled error")
-        error = OpenAIError(
-            500, "The server had an error while processing your request.", type="server_error"
-        )
-        return json_response(error.body(), status_code=500)
+    async def _server_side(_: Request, exc: Exception) -> Response:
+        error = as_openai_error(exc)
+        return json_response(error.body(), status_code=error.status_code, headers=error.headers)

@@ -6,9 +6,10 @@ What the SDK's ``client.responses.connect()`` speaks: the client sends
 stream, each one WebSocket text message, the very bytes the event log holds. Messages
 are handled in order, one response in flight per socket: a ``response.create`` sent
 while one streams waits its turn (FIFO); past :data:`MESSAGES_AHEAD` waiting, the socket is
-not read until one is taken. A bad message gets an ``error`` event with
-the HTTP status and OpenAI error the same body gets over HTTP, and the socket stays
-usable. ``previous_response_id`` chains across messages as over HTTP; the socket also keeps its
+not read until one is taken. A message that fails gets an ``error`` event with
+the HTTP status and OpenAI error the same body gets over HTTP (a 4xx; a 503 while Redis is
+unreachable; a 500), and the socket stays usable; so does a response whose relay fails
+mid-stream, which ends with such an event. ``previous_response_id`` chains across messages as over HTTP; the socket also keeps its
 most recent response in memory, so a ``store: false`` one can be continued on the same socket
 (the Open Responses rule; on another socket, or over HTTP, it is ``previous_response_not_found``).
 A continuation that fails (an error event, or a response that ends ``failed``) evicts the
@@ -37,9 +38,10 @@ from typing import Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
+from redis.exceptions import RedisError
 
 from api.caller import ANONYMOUS, Caller
-from api.errors import OpenAIError, invalid_value, validation_error_to_openai
+from api.errors import OpenAIError, as_openai_error, invalid_value, validation_error_to_openai
 from api.foreground import client_left, forget_unstored
 from api.gate import caller_of
 from api.relay import coalesced_when_behind, follow_event_batches
@@ -183,9 +185,12 @@ class Socket:
         try:
             request, stream_id = create_request(message)
             accepted = await accept(self._state, request, self._caller, self._history, follow=True)
-        except OpenAIError as error:
+        except Exception as failure:
+            # The answer HTTP gives the same body: a 4xx, or a 503 while Redis is unreachable, or a
+            # 500; here as an error event, and the socket stays usable.
             if isinstance(previous, str):
                 self._history.pop(previous, None)
+            error = as_openai_error(failure)
             await self._send(error_event(error, stream_id if isinstance(stream_id, str) else None))
             return
         final = await self._stream(accepted, stream_id)
@@ -207,15 +212,30 @@ class Socket:
             done, _ = await asyncio.wait({streaming, closed}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             closed.cancel()
-        if streaming in done and streaming.exception() is None:
+        failure = streaming.exception() if streaming in done else None
+        if streaming in done and failure is None:
             if not accepted.store:
                 await forget_unstored(self._state, accepted.response_id)
             return streaming.result()
+        if failure is not None and not self._closed.is_set():
+            # The relay failed and the socket did not (Redis went away mid-stream): over HTTP the
+            # body would end there; a socket has no end of body, so its client is told, and the
+            # rest of the response, which it will not get, stops as a leaving client's would.
+            await self._stop(accepted)
+            await self._send(error_event(as_openai_error(failure), stream_id))
+            return None
         streaming.cancel()
         streaming.add_done_callback(_relay_ended)
         log.info("socket closed while %s streamed", accepted.response_id)
-        await client_left(self._state, accepted)
+        await self._stop(accepted)
         return None
+
+    async def _stop(self, accepted: Accepted) -> None:
+        """Stop a response its client will not get the rest of (:func:`api.foreground.client_left`)."""
+        try:
+            await client_left(self._state, accepted)
+        except RedisError as error:  # unreachable: the generation runs to its end, as if undisturbed
+            log.warning("could not stop %s: %s", accepted.response_id, error)
 
     async def _relay(self, accepted: Accepted, stream_id: str | None) -> dict[str, Any] | None:
         last: bytes | None = None

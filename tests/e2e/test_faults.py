@@ -29,6 +29,7 @@ from openai.types.responses import Response
 from resq import keys
 from resq.faults import FAULT_EXIT_CODE
 from resq.redis_types import range_entries
+from tests.e2e import test_websocket as websocket
 from tests.e2e.conftest import MODEL
 from tests.fixture_model import scenario
 from tests.support.invariants import TERMINAL, as_dict, check_stream, output_text
@@ -616,6 +617,33 @@ def test_redis_restarted_without_its_data_processes_reconnect(make_stack: StackF
     answer = stack.client().responses.create(model=MODEL, input="Say hello.", temperature=0)
     assert answer.output_text == scenario("hello").completion
     assert all(role.alive() for role in stack.group.processes)
+
+
+def test_a_socket_answers_an_unreachable_redis_with_an_error_event_and_serves_again(
+    make_stack: StackFactory,
+) -> None:
+    """Over HTTP a request that finds Redis down is a 503 ``server_overloaded``; a WebSocket
+    message gets the same as an ``error`` event, and the socket serves its next message once Redis
+    is back. (Before, the failure escaped the socket's loop: the server closed the socket with
+    1011, and a client that kept it gave up waiting.)"""
+    stack = make_stack(postprocess_workers=1)
+    with stack.client().responses.connect() as connection:
+        connection.response.create(model=MODEL, input="Say hello.", temperature=0)
+        assert output_text(check_stream(websocket.until_terminal(connection))) == scenario("hello").completion
+
+        stack.redis_server.stop()
+        connection.response.create(model=MODEL, input="Say hello.", temperature=0)
+        error = websocket.until_terminal(connection)[-1]
+        assert error["type"] == "error", error
+        assert (error["status"], error["error"]["code"]) == (503, "server_overloaded")
+
+        stack.redis_server.start()  # empty: the roles reconnect and the GPU worker registers again
+        base_url = stack.apis[0][1]
+        wait_until(
+            lambda: api_healthy(base_url), RECOVERY_BOUND_S, "health after the restart", stack.group.processes
+        )
+        connection.response.create(model=MODEL, input="Say hello.", temperature=0)
+        assert output_text(check_stream(websocket.until_terminal(connection))) == scenario("hello").completion
 
 
 # --- one request's numbers ---------------------------------------------------------------------
