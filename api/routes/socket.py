@@ -34,6 +34,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
@@ -215,27 +216,28 @@ class Socket:
         failure = streaming.exception() if streaming in done else None
         if streaming in done and failure is None:
             if not accepted.store:
-                await forget_unstored(self._state, accepted.response_id)
+                await self._best_effort(forget_unstored(self._state, accepted.response_id), accepted)
             return streaming.result()
         if failure is not None and not self._closed.is_set():
             # The relay failed and the socket did not (Redis went away mid-stream): over HTTP the
             # body would end there; a socket has no end of body, so its client is told, and the
             # rest of the response, which it will not get, stops as a leaving client's would.
-            await self._stop(accepted)
+            await self._best_effort(client_left(self._state, accepted), accepted)
             await self._send(error_event(as_openai_error(failure), stream_id))
             return None
         streaming.cancel()
         streaming.add_done_callback(_relay_ended)
         log.info("socket closed while %s streamed", accepted.response_id)
-        await self._stop(accepted)
+        await self._best_effort(client_left(self._state, accepted), accepted)
         return None
 
-    async def _stop(self, accepted: Accepted) -> None:
-        """Stop a response its client will not get the rest of (:func:`api.foreground.client_left`)."""
+    async def _best_effort(self, cleanup: Awaitable[None], accepted: Accepted) -> None:
+        """Stop or drop ``accepted`` (:mod:`api.foreground`), without ending the socket if Redis is
+        unreachable: then a generation runs to its end, and an unstored response's keys to their TTL."""
         try:
-            await client_left(self._state, accepted)
-        except RedisError as error:  # unreachable: the generation runs to its end, as if undisturbed
-            log.warning("could not stop %s: %s", accepted.response_id, error)
+            await cleanup
+        except RedisError as error:
+            log.warning("could not stop or drop %s: %s", accepted.response_id, error)
 
     async def _relay(self, accepted: Accepted, stream_id: str | None) -> dict[str, Any] | None:
         last: bytes | None = None

@@ -156,3 +156,28 @@ def test_a_relay_that_fails_mid_stream_ends_that_response_with_an_error_event(
     # The client gets no more of it: its generation is stopped, as when a client leaves.
     assert left == ["resp_1"]
     assert completed["type"] == "response.completed"
+
+
+def test_a_cleanup_that_meets_redis_down_does_not_end_the_socket(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+
+    async def accept(*_: Any, **__: Any) -> Accepted:
+        calls.append(1)
+        return Accepted(response_id=f"resp_{len(calls)}", created={}, background=False, store=False)
+
+    async def follow(_redis: Any, response_id: str, **_: Any) -> AsyncIterator[list[tuple[bytes, bytes]]]:
+        if response_id == "resp_1":
+            raise RedisConnectionError("Connection refused")
+        yield [(b"response.completed", json.dumps(TERMINAL).encode())]
+
+    async def unreachable(*_: Any) -> None:
+        raise RedisConnectionError("Connection refused")
+
+    monkeypatch.setattr(socket_route, "accept", accept)
+    monkeypatch.setattr(socket_route, "follow_event_batches", follow)
+    # Stopping the failed response and dropping the delivered unstored one both meet Redis down.
+    monkeypatch.setattr(socket_route, "client_left", unreachable)
+    monkeypatch.setattr(socket_route, "forget_unstored", unreachable)
+    client = _Client([MESSAGE, MESSAGE, MESSAGE])
+    _serve(client, _state())
+    assert [event["type"] for event in client.sent] == ["error", "response.completed", "response.completed"]
