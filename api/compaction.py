@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from api.errors import OpenAIError
-from api.schemas import CompactRequest, CreateResponseRequest
+from api.schemas import SERVER_BUILT, CompactRequest, CreateResponseRequest
 from resq import ids, jsonutil, sealed
 from resq.conversation import content_text
 from resq.sealed import Sealer
@@ -100,7 +100,8 @@ def _summary_of(
             "temperature": 0.0,
             # A conversation too long for the context is exactly what gets compacted.
             "truncation": "auto",
-        }
+        },
+        context=SERVER_BUILT,
     )
 
 

@@ -87,13 +87,32 @@ def normalise_item(item: Item, item_id: str) -> Item:
             "status": item.get("status") or "completed",
         }
     normalised = {**item, "id": identifier}
-    normalised.setdefault("status", "completed")
+    if kind == "compaction":
+        # The SDK's compaction item has no status: listed with one, it could not be sent back.
+        normalised.pop("status", None)
+    else:
+        normalised.setdefault("status", "completed")
     return normalised
 
 
 def normalise_input(items: list[Item], response_id: str) -> list[Item]:
     """Every input item of ``response_id`` normalised, numbered by position when it has no id."""
     return [normalise_item(item, ids.input_item_id(response_id, index)) for index, item in enumerate(items)]
+
+
+def duplicate_id(new_items: list[Item], history: list[Item]) -> str | None:
+    """The first id of ``new_items`` (normalised) that another of them, or ``history``, already has.
+
+    OpenAI refuses such an input (400, "Duplicate item found with id ..."); a conversation would
+    otherwise hold two items of one id, and its append would overwrite the first.
+    """
+    seen = {item.get("id") for item in history}
+    for item in new_items:
+        item_id = item.get("id")
+        if item_id in seen:
+            return str(item_id)
+        seen.add(item_id)
+    return None
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ async def count_input_tokens(state: AppState, request: InputTokensRequest, calle
     creating = request.model_copy(update={"model": model})
     tokenizer = await served_tokenizer(state, model)
     # Input item ids are numbered from a response id; none is issued for a count.
-    items = await gather_items(state, creating, caller, ids.new_response_id())
+    # A count of a history alone needs no new input (openai-agents compacts by previous_response_id).
+    items = await gather_items(state, creating, caller, ids.new_response_id(), input_required=False)
     prompt = plan_prompt(state.settings, creating, tokenizer)
     return prompt.total(await prompt.fit(state, creating, items, caller, counting=True))

@@ -21,7 +21,7 @@ from typing import Any
 from api.caller import Caller
 from api.errors import OpenAIError, invalid_value
 from api.generation_plan import GenerationPlan, plan_generation
-from api.input_items import normalise_input
+from api.input_items import duplicate_id, normalise_input
 from api.schemas import CreateResponseRequest
 from api.state import AppState
 from api.store import EarlierConversation
@@ -137,11 +137,13 @@ async def gather_items(
     caller: Caller,
     response_id: str,
     local_history: dict[str, EarlierConversation] | None = None,
+    input_required: bool = True,
 ) -> RequestItems:
     """The request's items and the history it continues (400/404 for what cannot be continued).
 
     A ``previous_response_id`` found in ``local_history`` (a WebSocket's memory of its last
-    response) continues from there, stored or not.
+    response) continues from there, stored or not. ``input_required`` False: a request that
+    continues a history may bring no new input (a count, or a compaction, of that history alone).
     """
     conflict = conflicting_history(request)
     if conflict is not None:
@@ -151,7 +153,8 @@ async def gather_items(
         if isinstance(request.input, list)
         else request.input
     )
-    if not new_items:
+    continues = request.previous_response_id is not None or request.conversation_id is not None
+    if not new_items and (input_required or not continues):
         raise invalid_value("Missing required parameter: 'input'.", "input", "missing_required_parameter")
     own = normalise_input(await resolve_input(state, new_items, caller), response_id)
     conversation_id = request.conversation_id
@@ -159,6 +162,7 @@ async def gather_items(
         earlier = (local_history or {}).get(request.previous_response_id) or (
             await state.store.earlier_conversation(request.previous_response_id, caller)
         )
+        _check_unique_ids(own, [*earlier.conversation, *earlier.output])
         conversation = continue_conversation(earlier.conversation, earlier.output, own)
         return check_outputs_answer_calls(RequestItems(own, conversation, linked=earlier.linked))
     if conversation_id is not None:
@@ -166,8 +170,21 @@ async def gather_items(
         history = await resolve_input(
             state, await state.conversations.prompt_items(conversation_id, caller), caller
         )
+        _check_unique_ids(own, history)
         return check_outputs_answer_calls(RequestItems(own, [*history, *own], conversation_id))
+    _check_unique_ids(own, [])
     return check_outputs_answer_calls(RequestItems(own, own))
+
+
+def _check_unique_ids(own: list[Item], history: list[Item]) -> None:
+    duplicate = duplicate_id(own, history)
+    if duplicate is not None:
+        # OpenAI's words; its code is null.
+        raise OpenAIError(
+            400,
+            f"Duplicate item found with id {duplicate}. Remove duplicate items from your input and try again.",
+            param="input",
+        )
 
 
 def _opened_compactions(items: list[Item], sealer: Sealer, owner: str) -> list[Item]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 from pydantic import (
     BaseModel,
@@ -19,6 +19,7 @@ from pydantic import (
     Field,
     GetJsonSchemaHandler,
     Tag,
+    ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -56,15 +57,21 @@ def _storable_number(value: int | float) -> bool:
     return SMALLEST_INT <= value <= LARGEST_INT
 
 
-def check_raw_body(body: Any) -> None:
-    """Refuse what no field validator sees: too many input items, text that is not valid Unicode,
-    numbers that cannot be stored as JSON (integers past 64 bits, NaN, infinities) and excessive
-    nesting.
+SERVER_BUILT: Final = {"server_built": True}
+"""The validation context of a create request the server builds itself (a compaction's summary,
+:mod:`api.compaction`): its items were accepted before, and it may hold more than a client may
+send (a whole conversation, and the summary's prompt after it)."""
+
+
+def check_raw_body(body: Any, limit_items: bool = True) -> None:
+    """Refuse what no field validator sees: too many input items (unless not ``limit_items``),
+    text that is not valid Unicode, numbers that cannot be stored as JSON (integers past 64 bits,
+    NaN, infinities) and excessive nesting.
 
     Walks the parsed JSON without recursion; the error's context names the culprit's path.
     """
     items = body.get("input") if isinstance(body, dict) else None
-    if isinstance(items, list) and len(items) > MAX_INPUT_ITEMS:
+    if limit_items and isinstance(items, list) and len(items) > MAX_INPUT_ITEMS:
         raise PydanticCustomError(
             "items_limit",
             "The input has {count} items; at most {limit} are allowed (compact or truncate the conversation).",
@@ -152,11 +159,22 @@ class RefusedType(RefusingBranch):
 # --- content parts -------------------------------------------------------------------------------
 
 
+class PromptCacheBreakpoint(_Strict):
+    """``prompt_cache_breakpoint`` of a content part: where a reusable prefix ends (OpenAI's hint).
+
+    Taken and ignored: resq's engine reuses every shared prefix it holds, in whole pages, unasked.
+    """
+
+    mode: Literal["explicit"]
+    ttl: Literal["30m", "12h"] | None = None
+
+
 class InputTextPart(_Strict):
     """``{"type": "input_text", "text": ...}``."""
 
     type: Literal["input_text"]
     text: str
+    prompt_cache_breakpoint: PromptCacheBreakpoint | None = None
 
 
 class OutputTextPart(_Strict):
@@ -257,10 +275,18 @@ class ReasoningItem(_Strict):
 
 
 class ItemReference(_Strict):
-    """``{"type": "item_reference", "id": ...}``: an item of an earlier stored response."""
+    """``{"type": "item_reference", "id": ...}``: an item of an earlier stored response.
 
-    type: Literal["item_reference"]
+    The SDK's ``ItemReference`` makes ``type`` optional: ``{"id": ...}`` alone is one too.
+    """
+
+    type: Literal["item_reference"] = "item_reference"
     id: str = Field(min_length=1)
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _implied(cls, value: Any) -> Any:
+        return "item_reference" if value is None else value
 
 
 class CompactionItem(_Strict):
@@ -270,6 +296,9 @@ class CompactionItem(_Strict):
     encrypted_content: str = Field(min_length=1)
     id: str | None = None
     created_by: str | None = None
+    status: str | None = None
+    """Not the SDK's, and ignored: earlier releases listed compaction items with a status, and
+    conversations stored then hold them so (compacted again, they are validated again)."""
 
 
 class UnsupportedItem(RefusedType):
@@ -313,9 +342,16 @@ _ITEM_TAGS = (
 
 
 def _item_tag(value: Any) -> str:
-    kind = value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", None)
-    if kind is None:
-        return "message"
+    if isinstance(value, dict):
+        kind = value.get("type")
+        if kind is None:
+            # No type: a message (EasyInputMessage), or an item reference ({"id": ...} alone).
+            bare_reference = "id" in value and "role" not in value and "content" not in value
+            return "item_reference" if bare_reference else "message"
+    else:
+        kind = getattr(value, "type", None)
+        if kind is None:
+            return "message"
     return kind if kind in _ITEM_TAGS else "other"
 
 
@@ -752,8 +788,8 @@ class CreateResponseRequest(_Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _sane_body(cls, value: Any) -> Any:
-        check_raw_body(value)
+    def _sane_body(cls, value: Any, info: ValidationInfo) -> Any:
+        check_raw_body(value, limit_items=not (info.context or {}).get("server_built", False))
         return value
 
     @field_validator(*UNSUPPORTED_FIELDS, mode="before")

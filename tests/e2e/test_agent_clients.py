@@ -101,6 +101,45 @@ def test_an_input_item_can_be_referenced_too(client: OpenAI) -> None:
     assert second.output_text == scenario("multi_turn").completion
 
 
+def test_an_item_reference_may_leave_its_type_out(client: OpenAI) -> None:
+    """The SDK's ``ItemReference`` makes ``type`` optional: ``{"id": ...}`` alone is a reference."""
+    first = client.responses.create(model=MODEL, input="My name is Ada.", temperature=0)
+    for reference in ({"id": first.output[-1].id}, {"type": None, "id": first.output[-1].id}):
+        second = client.responses.create(
+            model=MODEL,
+            temperature=0,
+            input=[
+                {"role": "user", "content": "My name is Ada."},
+                reference,  # type: ignore[list-item]
+                {"role": "user", "content": "What is my name?"},
+            ],
+        )
+        assert second.output_text == scenario("multi_turn").completion
+
+
+def test_duplicate_item_ids_are_refused_as_openai_refuses_them(client: OpenAI) -> None:
+    first = client.responses.create(model=MODEL, input="Say hello.", temperature=0)
+    duplicates = [
+        # The same id twice in one input.
+        {
+            "input": [
+                {"role": "user", "content": "a", "id": "msg_twice"},
+                {"role": "user", "content": "b", "id": "msg_twice"},
+            ]
+        },
+        # An item of the continued response sent again.
+        {
+            "input": [as_dict(first.output[-1]), {"role": "user", "content": "Again."}],
+            "previous_response_id": first.id,
+        },
+    ]
+    for body in duplicates:
+        with pytest.raises(BadRequestError) as caught:
+            client.responses.create(model=MODEL, **body)
+        assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "input"
+        assert caught.value.body["message"].startswith("Duplicate item found with id ")
+
+
 @pytest.mark.parametrize("reference", ["msg_does_not_exist", "rs_" + "0" * 32])
 def test_an_unknown_reference_is_a_400_naming_it(client: OpenAI, reference: str) -> None:
     with pytest.raises(BadRequestError) as caught:

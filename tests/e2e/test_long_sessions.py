@@ -257,6 +257,65 @@ def test_compaction_of_a_stored_chain(stack: Stack) -> None:
     assert [item.type for item in compacted.output] == ["compaction"]
 
 
+def test_compaction_of_a_stored_chain_alone(stack: Stack) -> None:
+    """What openai-agents' compaction session sends in its ``previous_response_id`` mode (and in
+    ``auto`` after a stored response): the chain, and no input. Counting it needs none either."""
+    client = stack.client()
+    first = client.responses.create(model=MODEL, input="Say hello.", temperature=0, max_output_tokens=16)
+    compacted = client.responses.compact(model=MODEL, previous_response_id=first.id)
+    assert [item.type for item in compacted.output] == ["compaction"]
+    assert count(client, previous_response_id=first.id) > count(client, input="Say hello.")
+    with pytest.raises(openai.BadRequestError) as caught:  # with nothing to continue, input is required
+        client.responses.input_tokens.count(model=MODEL)
+    assert caught.value.param == "input"
+
+
+def test_a_listed_compaction_item_goes_back_as_input_and_is_compacted_again(stack: Stack) -> None:
+    """Items as resq lists them are input resq takes: the compaction item has no ``status`` (the
+    SDK's has none), and a history holding one can be compacted again (it was a 500)."""
+    client = stack.client()
+    item = as_dict(client.responses.compact(model=MODEL, input=long_history(2)).output[-1])
+    conversation = client.conversations.create(
+        items=[item, {"type": "message", "role": "user", "content": "Go on."}]
+    )
+    listed = [as_dict(entry) for entry in client.conversations.items.list(conversation.id, order="asc").data]
+    assert listed[0]["type"] == "compaction" and "status" not in listed[0]
+    replayed = client.responses.create(model=MODEL, input=listed, max_output_tokens=4)  # type: ignore[arg-type]
+    assert replayed.status in ("completed", "incomplete")
+    again = client.responses.create(
+        model=MODEL,
+        input="Say hello.",
+        conversation=conversation.id,
+        context_management=[{"type": "compaction", "compact_threshold": 1}],
+        max_output_tokens=4,
+    )
+    assert again.output[0].type == "compaction"
+
+
+def test_a_history_of_the_most_items_input_takes_is_compacted(stack: Stack) -> None:
+    """The summary's request is the history and its prompt: one item more than a client may send."""
+    client = stack.client()
+    most = [{"type": "message", "role": "user", "content": f"{index}"} for index in range(4096)]
+    compacted = client.responses.compact(model=MODEL, input=most)  # type: ignore[arg-type]
+    assert [item.type for item in compacted.output] == ["compaction"]
+
+
+def test_a_response_may_not_resend_an_item_its_conversation_holds(stack: Stack) -> None:
+    """OpenAI refuses it; resq's conversation would have kept one item per id, overwritten."""
+    client = stack.client()
+    original = {"type": "message", "role": "user", "content": "The original.", "id": "msg_original"}
+    conversation = client.conversations.create(items=[original])  # type: ignore[list-item]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(
+            model=MODEL,
+            conversation=conversation.id,
+            input=[{"type": "message", "role": "user", "content": "Changed.", "id": "msg_original"}],
+        )
+    assert caught.value.param == "input"
+    stored = client.conversations.items.list(conversation.id).data
+    assert [as_dict(entry)["content"][0]["text"] for entry in stored] == ["The original."]
+
+
 def test_context_management_compacts_past_its_threshold(stack: Stack) -> None:
     client = stack.client()
     history = long_history(4)
@@ -340,8 +399,9 @@ def test_openai_agents_conversations_session_across_three_runs(stack: Stack) -> 
     assert sum(1 for item in items if item.get("role") == "assistant") >= 3
 
 
+@pytest.mark.parametrize("mode", ["input", "previous_response_id"])
 def test_openai_agents_compaction_session_past_its_threshold(
-    stack: Stack, monkeypatch: pytest.MonkeyPatch
+    stack: Stack, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
     # The session refuses model names that are not OpenAI's (only OpenAI served /compact until now).
     monkeypatch.setattr(compaction_session, "is_openai_model_name", lambda name: True)
@@ -353,7 +413,7 @@ def test_openai_agents_compaction_session_past_its_threshold(
             underlying_session=SQLiteSession("long"),
             client=client,
             model=MODEL,
-            compaction_mode="input",
+            compaction_mode=mode,  # type: ignore[arg-type]
             should_trigger_compaction=lambda context: len(context["compaction_candidate_items"]) >= 2,
         )
         for prompt in ("Say hello.", "Say hello.", "Say hello."):

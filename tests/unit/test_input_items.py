@@ -14,7 +14,9 @@ from api.input_items import (
     DEFAULT_LIMIT,
     PageParameterError,
     PageRequest,
+    duplicate_id,
     normalise_input,
+    normalise_item,
     paginate,
     parse_page_request,
 )
@@ -141,3 +143,17 @@ def test_query_parameters_are_parsed_and_checked() -> None:
         with pytest.raises(PageParameterError) as caught:
             parse_page_request(limit, order, None)
         assert caught.value.param == param
+
+
+def test_a_duplicate_id_is_found_among_the_new_items_and_against_the_history() -> None:
+    first, second = {"id": "msg_1"}, {"id": "msg_2"}
+    assert duplicate_id([first, second], []) is None
+    assert duplicate_id([first, {"id": "msg_1"}], []) == "msg_1"
+    assert duplicate_id([second], [first, second]) == "msg_2"
+    assert duplicate_id([first], [second]) is None
+
+
+def test_a_compaction_item_is_listed_without_a_status() -> None:
+    compaction = {"type": "compaction", "encrypted_content": "rq1_x", "status": "completed"}
+    assert "status" not in normalise_item(compaction, "cmp_1")
+    assert normalise_item({"type": "reasoning", "summary": []}, "rs_1")["status"] == "completed"
