@@ -9,11 +9,15 @@ while one streams waits its turn (FIFO); past :data:`MESSAGES_AHEAD` waiting, th
 not read until one is taken. A message that fails gets an ``error`` event with
 the HTTP status and OpenAI error the same body gets over HTTP (a 4xx; a 503 while Redis is
 unreachable; a 500), and the socket stays usable; so does a response whose relay fails
-mid-stream, which ends with such an event. ``previous_response_id`` chains across messages as over HTTP; the socket also keeps its
-most recent response in memory, so a ``store: false`` one can be continued on the same socket
-(the Open Responses rule; on another socket, or over HTTP, it is ``previous_response_not_found``).
-A continuation that fails (an error event, or a response that ends ``failed``) evicts the
-response it named from that memory.
+mid-stream, or that is deleted while it streams (a 404), which ends with such an event.
+``previous_response_id`` chains across messages as over HTTP; the socket also keeps its most
+recent response in memory when it is ``store: false`` (and in no conversation), so that one can
+be continued on the same socket (the Open Responses rule; on another socket, or over HTTP, it is
+``previous_response_not_found``). A stored one is continued from the store, as over HTTP. A
+continuation that fails (an error event, or a response that ends ``failed``) evicts the response
+it named from that memory. The SDK's ``generate`` is taken at its default (true); ``false``, a
+response prepared without output, is refused as unsupported. Messages still waiting when the
+client closes the socket are not accepted.
 
 A socket lives ``RESQ_WEBSOCKET_MAX_S`` (an hour, as the Open Responses spec says): then, once
 no response streams, the server sends an ``error`` whose code is
@@ -42,7 +46,13 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from api.caller import ANONYMOUS, Caller
-from api.errors import OpenAIError, as_openai_error, invalid_value, validation_error_to_openai
+from api.errors import (
+    OpenAIError,
+    as_openai_error,
+    invalid_value,
+    response_not_found,
+    validation_error_to_openai,
+)
 from api.foreground import client_left, forget_unstored
 from api.gate import caller_of
 from api.relay import coalesced_when_behind, follow_event_batches
@@ -51,13 +61,14 @@ from api.state import AppState
 from api.store import EarlierConversation
 from api.submission import Accepted, accept
 from resq import jsonutil
+from resq.events.types import TERMINAL_TYPES
 
 log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1")
 
 CREATE = "response.create"
-SOCKET_ONLY_FIELDS = ("type", "stream_id")
+SOCKET_ONLY_FIELDS = ("type", "stream_id", "generate")
 """Keys of a ``response.create`` message that are not create parameters."""
 CLOSED = object()
 """What the reader queues when the client closed the socket."""
@@ -87,6 +98,17 @@ def create_request(message: Any) -> tuple[CreateResponseRequest, str | None]:
     stream_id = message.get("stream_id")
     if stream_id is not None and not isinstance(stream_id, str):
         raise invalid_value("'stream_id' must be a string.", "stream_id")
+    if stream_id is not None and not _is_unicode(stream_id):
+        raise invalid_value("'stream_id' is not valid Unicode (a lone surrogate).", "stream_id")
+    generate = message.get("generate")
+    if generate is not None and generate is not True:  # false: a response prepared without output
+        raise OpenAIError(
+            400,
+            "'generate': false (a response prepared without output) is not supported by this server; "
+            "leave 'generate' out.",
+            param="generate",
+            code="unsupported_parameter",
+        )
     if message.get("background"):
         raise invalid_value("'background' is not supported over WebSocket; use HTTP.", "background")
     stream = message.get("stream")
@@ -98,6 +120,14 @@ def create_request(message: Any) -> tuple[CreateResponseRequest, str | None]:
         return CreateResponseRequest.model_validate(body), stream_id
     except ValidationError as exc:
         raise validation_error_to_openai(exc.errors()) from None
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def with_stream_id(data: bytes, stream_id: str | None) -> str:
@@ -121,7 +151,9 @@ class Socket:
         self._messages: asyncio.Queue[Any] = asyncio.Queue(maxsize=MESSAGES_AHEAD)
         self._closed = asyncio.Event()
         self._history: dict[str, EarlierConversation] = {}
-        """The socket's most recent response, by id, continued from memory (stored or not)."""
+        """The socket's most recent response, by id, when it is unstored (and in no conversation):
+        continued from memory, where HTTP cannot find it. A stored one is continued from the store,
+        as over HTTP, which sees it deleted, or refuses a conversation's response."""
 
     async def serve(self) -> None:
         """Handle messages until the client closes the socket, or it reaches its time limit."""
@@ -136,9 +168,15 @@ class Socket:
                 except TimeoutError:
                     await self._close_at_limit()
                     return
-                if message is CLOSED:
+                if message is CLOSED or self._closed.is_set():
+                    # Messages still queued when the client closed have nobody to answer: not accepted.
                     return
-                await self._handle(message)
+                try:
+                    await self._handle(message)
+                except (WebSocketDisconnect, RuntimeError):
+                    if not self._closed.is_set():
+                        raise
+                    return  # a send met the closed socket: the client left, nothing to log
                 if time.monotonic() >= deadline:
                     await self._close_at_limit()
                     return
@@ -192,18 +230,24 @@ class Socket:
             if isinstance(previous, str):
                 self._history.pop(previous, None)
             error = as_openai_error(failure)
-            await self._send(error_event(error, stream_id if isinstance(stream_id, str) else None))
+            echoed = stream_id if isinstance(stream_id, str) and _is_unicode(stream_id) else None
+            await self._send(error_event(error, echoed))
             return
         final = await self._stream(accepted, stream_id)
         if final is None or final.get("status") == "failed":
             if isinstance(previous, str):
                 self._history.pop(previous, None)
             return
-        self._history = {
-            accepted.response_id: EarlierConversation(
-                accepted.conversation, final.get("output", []), linked=False
-            )
-        }
+        remembered = not accepted.store and request.conversation_id is None
+        self._history = (
+            {
+                accepted.response_id: EarlierConversation(
+                    accepted.conversation, final.get("output", []), linked=False
+                )
+            }
+            if remembered
+            else {}
+        )
 
     async def _stream(self, accepted: Accepted, stream_id: str | None) -> dict[str, Any] | None:
         """Relay the response to its terminal event; its final Response (None: the client left)."""
@@ -247,9 +291,12 @@ class Socket:
             for _, data in batch:
                 await self._send_text(with_stream_id(data, stream_id))
                 last = data
-        if last is None:
-            return None
-        final: dict[str, Any] | None = jsonutil.loads(last).get("response")
+        ended: dict[str, Any] | None = jsonutil.loads(last) if last is not None else None
+        if ended is None or ended.get("type") not in TERMINAL_TYPES:
+            # The log ended without its terminal event: the response was deleted (or expired)
+            # while it streamed. Over HTTP the body ends; a socket's client is told.
+            raise response_not_found(accepted.response_id)
+        final: dict[str, Any] | None = ended.get("response")
         return final
 
     async def _send(self, event: dict[str, Any]) -> None:

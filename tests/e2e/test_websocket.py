@@ -105,7 +105,9 @@ def test_sockets_closed_right_after_a_request_log_no_errors(stack: Stack) -> Non
         with websockets.sync.client.connect(
             url, additional_headers={"Authorization": "Bearer sk-test"}
         ) as socket:
-            socket.send(json.dumps(request))  # and closed at once: the relay's first sends meet it
+            socket.send(json.dumps(request))
+            socket.recv(timeout=30)  # response.created; closed then: the relay's next sends meet it
+            # (A message still queued when its socket closes is not accepted at all.)
     time.sleep(2)  # each cancelled generation ends; the API logs what it logs
     logged = log_path.read_text(errors="replace")[logged_before:]
     assert logged.count("generation cancelled") + logged.count("socket closed while") > 0, logged[-2000:]
@@ -215,3 +217,66 @@ def test_a_stream_id_is_echoed_on_every_event_of_its_response(stack: Stack) -> N
             events.append(json.loads(socket.recv(timeout=60)))
     assert {event.get("stream_id") for event in events} == {"lane-1"}
     check_stream([{key: value for key, value in event.items() if key != "stream_id"} for event in events])
+
+
+def test_a_response_deleted_mid_stream_ends_with_an_error_event_and_the_socket_serves_on(
+    stack: Stack,
+) -> None:
+    """Over HTTP the stream of a deleted response ends; a socket has no end of stream, so its
+    client is told (it waited forever for a terminal event)."""
+    client = stack.client()
+    with client.responses.connect() as connection:
+        connection.response.create(model=MODEL, input="Say hello.", temperature=0, max_output_tokens=400)
+        created = connection.recv()
+        assert created.type == "response.created"
+        assert client.responses.delete(created.response.id) is None
+        error = until_terminal(connection)[-1]
+        assert error["type"] == "error" and error["status"] == 404, error
+        connection.response.create(model=MODEL, input="Say hello.", temperature=0, max_output_tokens=8)
+        assert check_stream(until_terminal(connection))["status"] in ("completed", "incomplete")
+
+
+def test_a_stored_response_is_continued_from_the_store_as_over_http(stack: Stack) -> None:
+    """The socket's memory is for unstored responses: a stored one deleted, or one that belongs to
+    a conversation, is refused as HTTP refuses it (the memory had continued both)."""
+    client = stack.client()
+    conversation = client.conversations.create()
+    with client.responses.connect() as connection:
+        connection.response.create(model=MODEL, input="Say hello.", temperature=0, max_output_tokens=8)
+        stored = check_stream(until_terminal(connection))
+        client.responses.delete(stored["id"])
+        connection.response.create(model=MODEL, input="Again.", previous_response_id=stored["id"])
+        error = until_terminal(connection)[-1]
+        assert error["type"] == "error" and error["error"]["code"] == "previous_response_not_found"
+
+        connection.response.create(
+            model=MODEL, input="Say hello.", conversation=conversation.id, temperature=0, max_output_tokens=8
+        )
+        in_conversation = check_stream(until_terminal(connection))
+        connection.response.create(model=MODEL, input="Again.", previous_response_id=in_conversation["id"])
+        error = until_terminal(connection)[-1]
+        assert error["type"] == "error" and error["error"]["param"] == "previous_response_id", error
+    assert len(client.conversations.items.list(conversation.id).data) == 2  # the turn, and no more
+
+
+def test_the_sdks_socket_fields_and_a_stream_id_json_cannot_carry(stack: Stack) -> None:
+    url = stack.base_url.replace("http://", "ws://") + "/v1/responses"
+    request = {"type": "response.create", "model": MODEL, "input": "Hi", "max_output_tokens": 4}
+    with websockets.sync.client.connect(
+        url, additional_headers={"Authorization": "Bearer sk-test"}
+    ) as socket:
+        # A lone surrogate is valid JSON but no text: refused before anything is created (it
+        # used to end the socket's handler, with the response created and never answered).
+        socket.send(json.dumps({**request, "stream_id": "\ud800"}))
+        error = json.loads(socket.recv(timeout=30))
+        assert (error["type"], error["error"]["param"]) == ("error", "stream_id")
+        # The SDK's `generate`: true is the default; false (a response prepared without output)
+        # is not served, and says so.
+        socket.send(json.dumps({**request, "generate": False}))
+        error = json.loads(socket.recv(timeout=30))
+        assert (error["error"]["param"], error["error"]["code"]) == ("generate", "unsupported_parameter")
+        socket.send(json.dumps({**request, "generate": True}))
+        events = [json.loads(socket.recv(timeout=60))]
+        while events[-1]["type"] not in TERMINAL:
+            events.append(json.loads(socket.recv(timeout=60)))
+        check_stream(events)

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
+from starlette.websockets import WebSocketDisconnect
 
 from api.caller import ANONYMOUS
 from api.routes import socket as socket_route
@@ -181,3 +182,49 @@ def test_a_cleanup_that_meets_redis_down_does_not_end_the_socket(monkeypatch: py
     client = _Client([MESSAGE, MESSAGE, MESSAGE])
     _serve(client, _state())
     assert [event["type"] for event in client.sent] == ["error", "response.completed", "response.completed"]
+
+
+class _LeavingClient(_Client):
+    """A client that sends its messages and closes the socket once the first is being handled."""
+
+    def __init__(self, messages: list[dict[str, Any]], first_handled: asyncio.Event) -> None:
+        super().__init__(messages)
+        self._first_handled = first_handled
+
+    async def receive(self) -> dict[str, Any]:
+        if self._messages:
+            return await super().receive()
+        await self._first_handled.wait()
+        return {"type": "websocket.disconnect", "code": 1000}
+
+    async def send_text(self, text: str) -> None:
+        raise WebSocketDisconnect(1000)  # closed: every send fails
+
+
+def test_messages_left_behind_by_a_client_that_closed_are_not_accepted(
+    monkeypatch: pytest.MonkeyPatch, left: list[str]
+) -> None:
+    accepted: list[Any] = []
+
+    async def scenario() -> None:
+        first_handled = asyncio.Event()
+
+        async def accept(*_: Any, **__: Any) -> Accepted:
+            accepted.append(1)
+            first_handled.set()
+            await asyncio.sleep(0.05)  # while it is accepted, the client closes
+            return _accepted(f"resp_{len(accepted)}")
+
+        async def follow(
+            _redis: Any, _response_id: str, **_: Any
+        ) -> AsyncIterator[list[tuple[bytes, bytes]]]:
+            yield [(b"response.completed", json.dumps(TERMINAL).encode())]
+
+        monkeypatch.setattr(socket_route, "accept", accept)
+        monkeypatch.setattr(socket_route, "follow_event_batches", follow)
+        client = _LeavingClient([MESSAGE, MESSAGE, MESSAGE], first_handled)
+        # Ends by itself, quietly: the send that met the closed socket is not an error.
+        await asyncio.wait_for(socket_route.Socket(client, _state(), ANONYMOUS).serve(), 5)  # type: ignore[arg-type]
+
+    asyncio.run(scenario())
+    assert len(accepted) == 1
