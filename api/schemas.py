@@ -696,7 +696,9 @@ UNSUPPORTED_FIELDS = (
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 ENCRYPTED_REASONING_INCLUDE = "reasoning.encrypted_content"
 SERVED_INCLUDES = frozenset({LOGPROBS_INCLUDE, ENCRYPTED_REASONING_INCLUDE})
-"""The ``include`` values resq serves."""
+"""The ``include`` values that change what resq sends. The other known ones name items resq never
+produces (hosted tools' calls, which it echoes but does not run; input images, which it refuses):
+accepted, with nothing to include, as OpenAI accepts them when no such item comes."""
 CLIENT_METADATA_MAX_KEYS = 64
 CLIENT_METADATA_MAX_CHARS = 16384
 KNOWN_INCLUDES = frozenset(
@@ -806,8 +808,6 @@ class CreateResponseRequest(_Strict):
             if entry not in KNOWN_INCLUDES:
                 served = ", ".join(repr(name) for name in sorted(SERVED_INCLUDES))
                 raise ValueError(f"unknown include {entry!r}; resq serves {served}")
-            if entry not in SERVED_INCLUDES:
-                raise unsupported(f"include {entry!r}")
         return value
 
     @field_validator("top_logprobs")

@@ -56,11 +56,19 @@ def new_item_id(item_type: str) -> str:
 
 
 def is_item_id(value: str) -> bool:
-    """Whether ``value`` may name a conversation item: 1-256 printable characters, no whitespace.
+    """Whether ``value`` may name a conversation item: 1-256 printable characters, no whitespace,
+    and not ``.`` or ``..``.
 
-    Item ids come from clients; they travel in URL paths and are hash fields in Redis.
+    Item ids come from clients; they travel in URL paths (the item routes take a ``/`` in them;
+    clients resolve the dot segments away, so those two could never be addressed) and are hash
+    fields in Redis.
     """
-    return 0 < len(value) <= MAX_ITEM_ID_CHARS and value.isprintable() and " " not in value
+    return (
+        0 < len(value) <= MAX_ITEM_ID_CHARS
+        and value.isprintable()
+        and " " not in value
+        and value not in (".", "..")
+    )
 
 
 # Lua shared by the scripts. KEYS are always resq.keys.conversation_keys(...):

@@ -146,7 +146,7 @@ async def add_conversation_items(
 
 
 @router.get(
-    "/conversations/{conversation_id}/items/{item_id}", response_model=None, openapi_extra=_INCLUDE_ONLY
+    "/conversations/{conversation_id}/items/{item_id:path}", response_model=None, openapi_extra=_INCLUDE_ONLY
 )
 async def retrieve_conversation_item(
     conversation_id: ConversationId, item_id: ItemId, state: StateDep, caller: CallerDep, request: Request
@@ -157,7 +157,7 @@ async def retrieve_conversation_item(
     return json_response(await state.conversations.get_item(conversation_id, item_id, caller))
 
 
-@router.delete("/conversations/{conversation_id}/items/{item_id}", response_model=None)
+@router.delete("/conversations/{conversation_id}/items/{item_id:path}", response_model=None)
 async def delete_conversation_item(
     conversation_id: ConversationId, item_id: ItemId, state: StateDep, caller: CallerDep
 ) -> Response:

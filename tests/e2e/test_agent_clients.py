@@ -234,6 +234,20 @@ def test_a_tampered_or_foreign_blob_is_a_400_naming_the_item(client: OpenAI, tam
 # --- a Codex-shaped turn --------------------------------------------------------------------------
 
 
+def test_a_hosted_tools_include_is_taken_with_the_tool(client: OpenAI) -> None:
+    """A hosted tool is echoed and not run; what ``include`` asks of its calls is then nothing (it
+    was a 400 while the tool itself was taken)."""
+    response = client.responses.create(
+        model=MODEL,
+        input="Say hello.",
+        tools=HOSTED_TOOLS,  # type: ignore[arg-type]
+        include=["web_search_call.action.sources", "web_search_call.results", "file_search_call.results"],
+        temperature=0,
+    )
+    assert response.output_text == scenario("hello").completion
+    assert all(item.type == "message" for item in response.output)
+
+
 def test_a_codex_shaped_tool_round_trip(client: OpenAI) -> None:
     """Hosted tools, client_metadata, store false, encrypted reasoning, a summary: every Codex turn."""
     tools = [*TOOLS, *HOSTED_TOOLS]

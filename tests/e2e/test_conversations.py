@@ -194,6 +194,23 @@ def test_items_are_added_listed_retrieved_and_deleted(stack: Stack, client: Open
     assert id_of(replaced) == "msg_first" and replaced.model_dump()["content"][0]["text"] == "Rather Lyon."
 
 
+def test_an_item_id_with_a_slash_is_addressable_and_dot_ids_are_refused(stack: Stack, client: OpenAI) -> None:
+    """An id is the client's: one with a ``/`` travels encoded in the item's path and names it
+    there (it was added, then no route could reach it); ``.`` and ``..`` never reach a route
+    (clients resolve them away), so they are refused when added."""
+    conversation = client.conversations.create(items=[{"role": "user", "content": "a", "id": "msg/1"}])
+    assert client.conversations.items.retrieve("msg/1", conversation_id=conversation.id).id == "msg/1"
+    client.conversations.items.delete("msg/1", conversation_id=conversation.id)
+    assert client.conversations.items.list(conversation.id).data == []
+    for dots in (".", ".."):
+        answer = httpx.post(
+            f"{stack.base_url}/v1/conversations/{conversation.id}/items",
+            json={"items": [{"role": "user", "content": "b", "id": dots}]},
+            headers={"Authorization": "Bearer sk-test"},
+        )
+        assert answer.status_code == 400, answer.text
+
+
 def test_auto_paging_walks_45_items_in_both_orders(stack: Stack, client: OpenAI) -> None:
     texts = [f"item {index}" for index in range(45)]
     conversation = client.conversations.create(items=[user(text) for text in texts[:20]])

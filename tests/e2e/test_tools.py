@@ -321,7 +321,6 @@ def test_logprobs_cover_only_the_answer_text(client: OpenAI) -> None:
 @pytest.mark.parametrize(
     ("extra", "param", "code"),
     [
-        ({"include": ["file_search_call.results"]}, "include", "unsupported_parameter"),
         ({"include": ["no.such.thing"]}, "include", "invalid_value"),
         ({"top_logprobs": 5}, "top_logprobs", "unsupported_parameter"),
         ({"top_logprobs": 21}, "top_logprobs", "invalid_value"),

@@ -101,7 +101,20 @@ def test_conversation_ids_are_conv_and_32_hex_digits() -> None:
 def test_item_ids_are_short_printable_and_without_whitespace() -> None:
     for good in ("msg_1", "a" * 256, "fc/with:punctuation", "ünïcödé"):
         assert conversations.is_item_id(good) and check_item_id(good) == good
-    for bad in ("", "a" * 257, "a b", "a\tb", "a\nb", "nul\x00", "del\x7f", "zero\u200bwidth", "nbsp\u00a0"):
+    bad_ids = (
+        "",
+        "a" * 257,
+        "a b",
+        "a\tb",
+        "a\nb",
+        "nul\x00",
+        "del\x7f",
+        "zero\u200bwidth",
+        "nbsp\u00a0",
+        ".",
+        "..",
+    )
+    for bad in bad_ids:
         assert not conversations.is_item_id(bad)
         with pytest.raises(OpenAIError) as caught:
             check_item_id(bad)

@@ -199,7 +199,6 @@ def test_the_response_echoes_what_was_asked() -> None:
 @pytest.mark.parametrize(
     ("fields", "param", "code"),
     [
-        ({"include": ["file_search_call.results"]}, "include", "unsupported_parameter"),
         ({"include": ["reasoning.everything"]}, "include", "invalid_value"),
         ({"presence_penalty": 2.5}, "presence_penalty", "invalid_value"),
         ({"frequency_penalty": "1"}, "frequency_penalty", "invalid_type"),
