@@ -18,7 +18,7 @@ from starlette.datastructures import QueryParams
 from starlette.responses import Response
 
 from api.conversation_schemas import AddItemsRequest, CreateConversationRequest, UpdateConversationRequest
-from api.conversations import check_conversation_id, item_list, prepare_items
+from api.conversations import check_conversation_id, check_sealed, item_list, prepare_items
 from api.deps import CallerDep, StateDep
 from api.errors import invalid_value
 from api.http import json_response
@@ -83,6 +83,7 @@ async def create_conversation(
     """A new conversation, with up to 20 initial items and metadata."""
     body = body or CreateConversationRequest()
     items = prepare_items(_dumped(body.items or []))
+    check_sealed(items, state.sealer, caller.owner)
     stored = await state.conversations.create(caller, items, body.metadata or {})
     return json_response(stored.to_json())
 
@@ -141,6 +142,7 @@ async def add_conversation_items(
     check_conversation_id(conversation_id)
     _check_include(request.query_params)
     items = prepare_items(_dumped(body.items))
+    check_sealed(items, state.sealer, caller.owner)
     added = await state.conversations.add_items(conversation_id, caller, items)
     return json_response(item_list(added, has_more=False))
 

@@ -211,6 +211,32 @@ def test_an_item_id_with_a_slash_is_addressable_and_dot_ids_are_refused(stack: S
         assert answer.status_code == 400, answer.text
 
 
+def test_a_sealed_item_that_does_not_open_is_refused_when_added(client: OpenAI) -> None:
+    """Added, a blob another server or key sealed made every later response of the conversation a
+    400 naming an input item the request did not have."""
+    compacted = client.responses.compact(model=MODEL, input="We talked about cats.").output[-1]
+    conversation = client.conversations.create()
+    client.conversations.items.create(  # the caller's own: taken
+        conversation.id,
+        items=[compacted.model_dump(mode="json", exclude_none=True)],  # type: ignore[list-item]
+    )
+    forged = {"type": "reasoning", "summary": [], "encrypted_content": "rq1_" + "A" * 60}
+    for adding in (
+        lambda: client.conversations.items.create(conversation.id, items=[forged]),  # type: ignore[list-item]
+        lambda: client.conversations.create(items=[forged]),  # type: ignore[list-item]
+    ):
+        with pytest.raises(BadRequestError) as caught:
+            adding()
+        assert (caught.value.code, caught.value.param) == (
+            "invalid_encrypted_content",
+            "items[0].encrypted_content",
+        )
+    answer = client.responses.create(
+        model=MODEL, conversation=conversation.id, input="Say hello.", max_output_tokens=4
+    )
+    assert answer.status in ("completed", "incomplete")
+
+
 def test_auto_paging_walks_45_items_in_both_orders(stack: Stack, client: OpenAI) -> None:
     texts = [f"item {index}" for index in range(45)]
     conversation = client.conversations.create(items=[user(text) for text in texts[:20]])
