@@ -105,6 +105,18 @@ def _summary_of(
     )
 
 
+def nothing_to_summarise(context_length: int) -> OpenAIError:
+    """The 400 for a conversation whose most recent turn alone is longer than the context: truncated
+    to fit, the summary's request would hold none of it (a summary of nothing, returned as one)."""
+    return OpenAIError(
+        400,
+        "The conversation cannot be compacted: its most recent turn alone is longer than the model's "
+        f"context ({context_length} tokens), so a summary would see none of it. Shorten that turn.",
+        param="input",
+        code="context_length_exceeded",
+    )
+
+
 def summary_text(final: dict[str, Any]) -> str:
     """The summary in a finished summary response: its message text (its reasoning if it wrote none)."""
     messages = [item for item in final.get("output", []) if item.get("type") == "message"]

@@ -25,7 +25,7 @@ from api.input_items import duplicate_id, normalise_input
 from api.schemas import CreateResponseRequest
 from api.state import AppState
 from api.store import EarlierConversation
-from resq import sealed
+from resq import ids, sealed
 from resq.catalog import TextTokenizer
 from resq.chat_template import ChatTemplateError
 from resq.conversation import (
@@ -435,3 +435,16 @@ def plan_prompt(settings: Settings, request: CreateResponseRequest, tokenizer: T
     forced_ids = tokenizer.encode(plan.forced_prefix) if plan.forced_prefix else []
     default_output = min(settings.default_max_output_tokens, settings.max_output_tokens_cap)
     return PromptPlan(tokenizer, plan, forced_ids, default_output)
+
+
+async def summary_sees_nothing(
+    state: AppState, summarising: CreateResponseRequest, tokenizer: TextTokenizer, caller: Caller
+) -> bool:
+    """Whether a compaction's summary request (:mod:`api.compaction`), truncated to fit the
+    context, would keep nothing of the conversation, only its own prompt: the conversation's most
+    recent turn alone is longer than the context. Rendered and counted as its create will be."""
+    items = await gather_items(state, summarising, caller, ids.new_response_id())
+    plan = plan_prompt(state.settings, summarising, tokenizer)
+    fitted = await plan.fit(state, summarising, items, caller, counting=True)
+    considered = len(since_last_compaction(items.conversation))
+    return considered > 1 and fitted.dropped_items >= considered - 1

@@ -22,6 +22,7 @@ from api.prompting import (
     context_length_exceeded,
     gather_items,
     plan_prompt,
+    summary_sees_nothing,
 )
 from api.relay import wait_for_terminal
 from api.schemas import CreateResponseRequest, CustomTool, FunctionTool, JsonSchemaFormat, NamespaceTool, Tool
@@ -204,6 +205,8 @@ async def _compacted_if_over(
     history = since_last_compaction(items.conversation)
     budget = compaction.summary_budget(len(counted.token_ids), state.settings.compaction_max_output_tokens)
     summarising = compaction.summary_of(prompt.tokenizer.card.name, history, request.instructions, budget)
+    if await summary_sees_nothing(state, summarising, prompt.tokenizer, caller):
+        raise compaction.nothing_to_summarise(prompt.tokenizer.card.context_length)
     summary = await accept(state, summarising, caller)
     async with state.accept_slots.given_up():  # the summary may take a while: let others in
         final_json = await wait_for_terminal(state.redis, summary.response_id)

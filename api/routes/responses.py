@@ -8,14 +8,15 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from api import metrics
-from api.compaction import compacted_response, summary_budget, summary_request
+from api.compaction import compacted_response, nothing_to_summarise, summary_budget, summary_request
 from api.deps import CallerDep, StateDep
 from api.foreground import final_json, stream_new_response, wait_for_final
 from api.http import json_response
 from api.input_tokens import count_input_tokens
+from api.prompting import summary_sees_nothing
 from api.relay import event_stream_response
 from api.schemas import CompactRequest, CreateResponseRequest, InputTokensRequest
-from api.submission import accept
+from api.submission import accept, served_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,9 @@ async def compact(body: CompactRequest, state: StateDep, caller: CallerDep, requ
     conversation_tokens = await count_input_tokens(state, counting, caller)
     budget = summary_budget(conversation_tokens, state.settings.compaction_max_output_tokens)
     summarising = summary_request(body, budget)
+    tokenizer = await served_tokenizer(state, body.model)
+    if await summary_sees_nothing(state, summarising, tokenizer, caller):
+        raise nothing_to_summarise(tokenizer.card.context_length)
     accepted = await accept(state, summarising, caller)
     final = await final_json(state, accepted, request)
     if final is None:

@@ -300,6 +300,23 @@ def test_a_history_of_the_most_items_input_takes_is_compacted(stack: Stack) -> N
     assert [item.type for item in compacted.output] == ["compaction"]
 
 
+def test_a_last_turn_longer_than_the_context_is_not_compacted_into_nothing(stack: Stack) -> None:
+    """Truncated to fit, the summary's request would have held only its own prompt: the answer was
+    a 200 whose summary stood for a conversation it never saw."""
+    client = stack.client()
+    huge = " ".join(f"w{index}" for index in range(3 * FIXTURE_CONTEXT))
+    conversation = [
+        {"type": "message", "role": "user", "content": "Plan a trip to Lisbon."},
+        {"type": "message", "role": "user", "content": huge},
+    ]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.compact(model=MODEL, input=conversation)  # type: ignore[arg-type]
+    assert (caught.value.code, caught.value.param) == ("context_length_exceeded", "input")
+    # What does fit is summarised as before, the oldest turns dropped first.
+    compacted = client.responses.compact(model=MODEL, input=[*long_history(12), conversation[0]])  # type: ignore[list-item]
+    assert [item.type for item in compacted.output] == ["compaction"]
+
+
 def test_a_response_may_not_resend_an_item_its_conversation_holds(stack: Stack) -> None:
     """OpenAI refuses it; resq's conversation would have kept one item per id, overwritten."""
     client = stack.client()
