@@ -205,13 +205,21 @@ def _opened_compactions(items: list[Item], sealer: Sealer, owner: str) -> list[I
     return opened
 
 
-def context_length_exceeded(context_length: int, prompt_tokens: str, wanted: int) -> OpenAIError:
-    """The 400 for a prompt (``prompt_tokens`` long, as said) that leaves too little room."""
+def context_length_exceeded(
+    context_length: int, prompt_tokens: str, wanted: int, truncating: bool = False
+) -> OpenAIError:
+    """The 400 for a prompt (``prompt_tokens`` long, as said) that leaves too little room;
+    ``truncating``: the request sent ``truncation: "auto"``, and its last turn alone is too long."""
+    advice = (
+        "With truncation 'auto' the most recent turn is kept whole, and it alone does not fit: "
+        "shorten it, or reduce max_output_tokens."
+        if truncating
+        else "Please reduce the input or max_output_tokens, or send truncation 'auto'."
+    )
     return OpenAIError(
         400,
         f"This model's maximum context length is {context_length} tokens. However, your input has "
-        f"{prompt_tokens} tokens and asks for {wanted} output tokens. Please reduce the input or "
-        "max_output_tokens, or send truncation 'auto'.",
+        f"{prompt_tokens} tokens and asks for {wanted} output tokens. {advice}",
         param="input",
         code="context_length_exceeded",
     )

@@ -176,7 +176,9 @@ def generation_limit(
     wanted = request.max_output_tokens or default
     room = context_length - prompt_tokens
     if room < 1 or (request.max_output_tokens is not None and room < request.max_output_tokens):
-        raise context_length_exceeded(context_length, str(prompt_tokens), wanted)
+        raise context_length_exceeded(
+            context_length, str(prompt_tokens), wanted, truncating=request.truncation == "auto"
+        )
     return min(wanted, room)
 
 

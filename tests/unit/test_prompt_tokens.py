@@ -312,3 +312,15 @@ def test_no_bound_behind_a_normaliser_that_may_delete_text() -> None:
     # SentencePiece's space-to-"▁" replacement only grows the text: the raw length is a bound.
     replacing = _normalized(normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]))
     assert replacing.min_tokens("x" * 1500) == -(-1500 // (replacing.bytes_per_token or 1))
+
+
+def test_context_length_exceeded_advises_truncation_only_to_a_request_without_it() -> None:
+    from api.schemas import CreateResponseRequest
+    from api.submission import generation_limit
+
+    for truncation, advice in (("disabled", "send truncation 'auto'"), ("auto", "the most recent turn")):
+        request = CreateResponseRequest(model="m", input="x", truncation=truncation)  # type: ignore[arg-type]
+        with pytest.raises(OpenAIError) as caught:
+            generation_limit(request, prompt_tokens=1_100, context_length=1_024, default=16)
+        assert advice in caught.value.message
+        assert (caught.value.code, caught.value.param) == ("context_length_exceeded", "input")
