@@ -97,8 +97,9 @@ def check_raw_body(body: Any, limit_items: bool = True) -> None:
             for key, item in value.items():
                 child = f"{path}.{key}" if path else str(key)
                 if isinstance(key, str) and _not_utf8(key):
+                    where = "A key at '{param}'" if path else "A top-level key of the body"
                     raise PydanticCustomError(
-                        "invalid_unicode", "A key at '{param}' is not valid Unicode.", {"param": path or None}
+                        "invalid_unicode", where + " is not valid Unicode.", {"param": path or None}
                     )
                 stack.append((item, child, depth + 1))
         elif isinstance(value, list):

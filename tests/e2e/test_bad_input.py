@@ -144,6 +144,13 @@ CASES = [
         "lone_surrogate", 400, "invalid_value", "input", content=b'{"model": "fixture", "input": "\\ud800"}'
     ),
     Case(
+        "lone_surrogate_key",
+        400,
+        "invalid_value",
+        None,
+        content=b'{"model": "fixture", "input": "hi", "\\ud800": 1}',
+    ),
+    Case(
         "nesting_too_deep",
         400,
         "invalid_value",
