@@ -89,10 +89,11 @@ def _summary_of(
     max_output_tokens: int,
     previous_response_id: str | None,
 ) -> CreateResponseRequest:
+    unique = _first_of_each_id(items)
     return CreateResponseRequest.model_validate(
         {
             "model": model,
-            "input": [*items, {"type": "message", "role": "user", "content": COMPACTION_PROMPT}],
+            "input": [*unique, {"type": "message", "role": "user", "content": COMPACTION_PROMPT}],
             "instructions": instructions,
             "previous_response_id": previous_response_id,
             "store": False,
@@ -115,6 +116,21 @@ def nothing_to_summarise(context_length: int) -> OpenAIError:
         param="input",
         code="context_length_exceeded",
     )
+
+
+def _first_of_each_id(items: list[Item]) -> list[Item]:
+    """``items`` without the repeats of an id: a history stored before duplicate ids were refused
+    may hold one, and the summary's request is validated as input is (its first copy stands)."""
+    seen: set[str] = set()
+    unique: list[Item] = []
+    for item in items:
+        item_id = item.get("id")
+        if isinstance(item_id, str):
+            if item_id in seen:
+                continue
+            seen.add(item_id)
+        unique.append(item)
+    return unique
 
 
 def summary_text(final: dict[str, Any]) -> str:
