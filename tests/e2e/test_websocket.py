@@ -32,6 +32,12 @@ def until_terminal(connection: Any) -> list[dict[str, Any]]:
     raise AssertionError("the socket closed before a terminal event")
 
 
+def raw_socket(stack: Stack) -> websockets.sync.client.ClientConnection:
+    """A socket on the stack's API, for frames the SDK would not send."""
+    url = stack.base_url.replace("http://", "ws://") + "/v1/responses"
+    return websockets.sync.client.connect(url, additional_headers={"Authorization": "Bearer sk-test"})
+
+
 def test_a_socket_streams_responses_like_sse_and_chains_them(stack: Stack) -> None:
     client = stack.client()
     with client.responses.connect() as connection:
@@ -92,7 +98,6 @@ def test_sockets_closed_right_after_a_request_log_no_errors(stack: Stack) -> Non
     """Closing a socket while its response streams is a client's right, not a server error: the
     relay that meets the closed socket ends quietly (each such close logged an asyncio error with
     two tracebacks before)."""
-    url = stack.base_url.replace("http://", "ws://") + "/v1/responses"
     log_path = stack.api.log_path
     logged_before = len(log_path.read_text(errors="replace"))
     request = {
@@ -102,9 +107,7 @@ def test_sockets_closed_right_after_a_request_log_no_errors(stack: Stack) -> Non
         "max_output_tokens": 200,
     }
     for _ in range(10):
-        with websockets.sync.client.connect(
-            url, additional_headers={"Authorization": "Bearer sk-test"}
-        ) as socket:
+        with raw_socket(stack) as socket:
             socket.send(json.dumps(request))
             socket.recv(timeout=30)  # response.created; closed then: the relay's next sends meet it
             # (A message still queued when its socket closes is not accepted at all.)
@@ -115,10 +118,7 @@ def test_sockets_closed_right_after_a_request_log_no_errors(stack: Stack) -> Non
 
 
 def test_background_and_non_objects_are_refused_on_the_socket(stack: Stack) -> None:
-    url = stack.base_url.replace("http://", "ws://") + "/v1/responses"
-    with websockets.sync.client.connect(
-        url, additional_headers={"Authorization": "Bearer sk-test"}
-    ) as socket:
+    with raw_socket(stack) as socket:
         socket.send('{"type": "response.create", "model": "fixture", "input": "Hi", "background": true}')
         assert '"param":"background"' in str(socket.recv(timeout=30))
         socket.send("not json")
@@ -206,11 +206,8 @@ def test_a_socket_past_its_limit_gets_the_limit_error_after_its_response_then_cl
 
 
 def test_a_stream_id_is_echoed_on_every_event_of_its_response(stack: Stack) -> None:
-    url = stack.base_url.replace("http://", "ws://") + "/v1/responses"
     request = {"type": "response.create", "model": MODEL, "input": "Say hello.", "max_output_tokens": 8}
-    with websockets.sync.client.connect(
-        url, additional_headers={"Authorization": "Bearer sk-test"}
-    ) as socket:
+    with raw_socket(stack) as socket:
         socket.send(json.dumps({**request, "stream_id": "lane-1"}))
         events = []
         while not events or events[-1]["type"] not in TERMINAL:
@@ -260,11 +257,8 @@ def test_a_stored_response_is_continued_from_the_store_as_over_http(stack: Stack
 
 
 def test_the_sdks_socket_fields_and_a_stream_id_json_cannot_carry(stack: Stack) -> None:
-    url = stack.base_url.replace("http://", "ws://") + "/v1/responses"
     request = {"type": "response.create", "model": MODEL, "input": "Hi", "max_output_tokens": 4}
-    with websockets.sync.client.connect(
-        url, additional_headers={"Authorization": "Bearer sk-test"}
-    ) as socket:
+    with raw_socket(stack) as socket:
         # A lone surrogate is valid JSON but no text: refused before anything is created (it
         # used to end the socket's handler, with the response created and never answered).
         socket.send(json.dumps({**request, "stream_id": "\ud800"}))
