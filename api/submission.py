@@ -28,12 +28,12 @@ from api.relay import wait_for_terminal
 from api.schemas import CreateResponseRequest, CustomTool, FunctionTool, JsonSchemaFormat, NamespaceTool, Tool
 from api.state import AppState, in_an_accept_slot
 from api.store import EarlierConversation
-from resq import affinity, faults, ids, item_index, jsonutil, keys, records, turns
+from resq import affinity, conversations, faults, ids, item_index, jsonutil, keys, records, turns
 from resq.catalog import TextTokenizer
 from resq.conversation import since_last_compaction
 from resq.events import builders as build
 from resq.events import types
-from resq.events.emitter import EventEmitter
+from resq.events.emitter import EncodedEvent, EventEmitter
 from resq.logs import bind_response_id
 from resq.options import ProcessingOptions
 from resq.postprocess import event_log
@@ -251,8 +251,13 @@ async def accept(
     local_history: dict[str, EarlierConversation] | None = None,
     chat: ChatExtras | None = None,
     follow: bool = False,
+    generate: bool = True,
 ) -> Accepted:
     """Validate what pydantic cannot, record the response, log its first events, and enqueue it.
+
+    ``generate`` False (the WebSocket mode's ``generate: false``): the response is prepared
+    without output instead: recorded ``completed`` with its input, no generation, so that a
+    later turn continues it (:func:`_record_prepared`).
 
     ``local_history``: earlier responses a WebSocket keeps in memory (``store: false`` ones can be
     continued there), by id. ``chat``: the request came as a chat completion (:mod:`api.chat`):
@@ -332,6 +337,15 @@ async def accept(
         conversation_id=items.conversation_id,
         leading_output=tuple(leading_output),
     )
+    if not generate:
+        # What a post-processor would end it with, had it generated nothing: no job is recorded.
+        final = {
+            **created,
+            "status": "completed",
+            "completed_at": int(time.time()),
+            "usage": build.usage(len(prompt_ids), 0),
+        }
+        logged.append(emitter.emit(build.response_event(types.COMPLETED, final)))
     # Each turn is stored once (resq.turns): a continuation walks the chain of turns. A chain from
     # before turns existed, and a conversation's response, keep what they had.
     input_record: dict[str, Any] = {"items": items.own}
@@ -363,6 +377,19 @@ async def accept(
 
     created_json = jsonutil.dumps(created)
     ttl = settings.transient_ttl_s
+    if not generate:
+        prepared = _Prepared(created_json, jsonutil.dumps(final), logged, options, store, caller.owner)
+        opened = EventHub.of(state.redis).open_new(keys.events(response_id), logged) if follow else None
+        try:
+            await _record_prepared(
+                state, response_id, prepared, items, input_record, turn_parent, linked_turn
+            )
+        except BaseException:
+            if opened is not None:
+                await opened.abandon()
+            raise
+        log.info("prepared without output: %d prompt tokens", len(prompt_ids))
+        return Accepted(response_id, created, background, store, items.conversation, opened)
     routed = await state.route_generation(model, routing.lookup)
     # The relay's follower joins before the log exists: no catch-up read of what is logged here,
     # and the hub's wake-up (if its read needs one) goes in the step below.
@@ -420,3 +447,75 @@ async def accept(
         ENDPOINT_OF_PROTOCOL[options.protocol],
     )
     return Accepted(response_id, created, background, store, items.conversation, opened)
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A response prepared without output: its created and final objects, and its events."""
+
+    created_json: bytes
+    final_json: bytes
+    logged: list[EncodedEvent]
+    options: ProcessingOptions
+    store: bool
+    owner: str
+
+
+async def _record_prepared(
+    state: AppState,
+    response_id: str,
+    prepared: _Prepared,
+    items: RequestItems,
+    input_record: dict[str, Any],
+    turn_parent: str | None,
+    linked_turn: bool,
+) -> None:
+    """Record ``prepared`` in one step, ended: what the API writes for a response, then what a
+    post-processor writes at its end (the final record, the turn's output, the conversation's
+    items), with no generation between. Nothing waits on a GPU, so it is not admitted."""
+    settings = state.settings
+    ttl = settings.transient_ttl_s
+    final_ttl = settings.store_ttl_s if prepared.store else ttl
+    pipe = state.redis.pipeline(transaction=True)
+    records.create(
+        pipe,
+        response_id,
+        records.NewRecord(
+            "in_progress", prepared.created_json, prepared.options, prepared.store, False, prepared.owner
+        ),
+        ttl,
+    )
+    event_log.stage_first_events(pipe, response_id, prepared.logged, ttl)
+    pipe.set(keys.input_items(response_id), jsonutil.dumps(input_record), ex=ttl)
+    if linked_turn:
+        turn_ttl = settings.store_ttl_s + ttl
+        pipe.eval(
+            turns.CREATE_LUA,
+            1,
+            keys.turn(response_id),
+            *turns.create_arguments(turn_parent, items.own, turn_ttl, turn_ttl),
+        )
+    if prepared.store:
+        item_index.index_items(
+            pipe, prepared.owner, response_id, items.own, item_index.INPUT, settings.store_ttl_s
+        )
+    pipe.eval(
+        records.FINALIZE_LUA,
+        4,
+        keys.record(response_id),
+        keys.events(response_id),
+        keys.input_items(response_id),
+        keys.turn(response_id),
+        "completed",
+        prepared.final_json,
+        final_ttl,
+        "[]",
+    )
+    if items.conversation_id is not None:
+        pipe.eval(
+            conversations.APPEND_LUA,
+            4,
+            *keys.conversation_keys(items.conversation_id),
+            *conversations.append_arguments(settings.store_ttl_s, response_id, items.own),
+        )
+    await pipe.execute()

@@ -15,9 +15,10 @@ recent response in memory when it is ``store: false`` (and in no conversation), 
 be continued on the same socket (the Open Responses rule; on another socket, or over HTTP, it is
 ``previous_response_not_found``). A stored one is continued from the store, as over HTTP. A
 continuation that fails (an error event, or a response that ends ``failed``) evicts the response
-it named from that memory. The SDK's ``generate`` is taken at its default (true); ``false``, a
-response prepared without output, is refused as unsupported. Messages still waiting when the
-client closes the socket are not accepted.
+it named from that memory. With the SDK's ``generate: false`` the response is prepared without
+output (Codex's prewarm): recorded ``completed``, with its input and no generation, so that the
+next turn continues it by ``previous_response_id``. Messages still waiting when the client
+closes the socket are not accepted.
 
 A socket lives ``RESQ_WEBSOCKET_MAX_S`` (an hour, as the Open Responses spec says): then, once
 no response streams, the server sends an ``error`` whose code is
@@ -101,14 +102,8 @@ def create_request(message: Any) -> tuple[CreateResponseRequest, str | None]:
     if stream_id is not None and not _is_unicode(stream_id):
         raise invalid_value("'stream_id' is not valid Unicode (a lone surrogate).", "stream_id")
     generate = message.get("generate")
-    if generate is not None and generate is not True:  # false: a response prepared without output
-        raise OpenAIError(
-            400,
-            "'generate': false (a response prepared without output) is not supported by this server; "
-            "leave 'generate' out.",
-            param="generate",
-            code="unsupported_parameter",
-        )
+    if generate is not None and not isinstance(generate, bool):
+        raise invalid_value("'generate' must be a boolean.", "generate", "invalid_type")
     if message.get("background"):
         raise invalid_value("'background' is not supported over WebSocket; use HTTP.", "background")
     stream = message.get("stream")
@@ -223,7 +218,11 @@ class Socket:
         previous = message.get("previous_response_id") if isinstance(message, dict) else None
         try:
             request, stream_id = create_request(message)
-            accepted = await accept(self._state, request, self._caller, self._history, follow=True)
+            # `generate: false`: the response is prepared without output (a later turn continues it).
+            generate = message.get("generate") is not False
+            accepted = await accept(
+                self._state, request, self._caller, self._history, follow=True, generate=generate
+            )
         except Exception as failure:
             # The answer HTTP gives the same body: a 4xx, or a 503 while Redis is unreachable, or a
             # 500; here as an error event, and the socket stays usable.

@@ -264,13 +264,51 @@ def test_the_sdks_socket_fields_and_a_stream_id_json_cannot_carry(stack: Stack) 
         socket.send(json.dumps({**request, "stream_id": "\ud800"}))
         error = json.loads(socket.recv(timeout=30))
         assert (error["type"], error["error"]["param"]) == ("error", "stream_id")
-        # The SDK's `generate`: true is the default; false (a response prepared without output)
-        # is not served, and says so.
-        socket.send(json.dumps({**request, "generate": False}))
+        # The SDK's `generate`, true by default, must be a boolean.
+        socket.send(json.dumps({**request, "generate": "no"}))
         error = json.loads(socket.recv(timeout=30))
-        assert (error["error"]["param"], error["error"]["code"]) == ("generate", "unsupported_parameter")
+        assert (error["error"]["param"], error["error"]["code"]) == ("generate", "invalid_type")
         socket.send(json.dumps({**request, "generate": True}))
         events = [json.loads(socket.recv(timeout=60))]
         while events[-1]["type"] not in TERMINAL:
             events.append(json.loads(socket.recv(timeout=60)))
         check_stream(events)
+
+
+def test_a_response_prepared_without_output_is_continued_by_the_next_turn(stack: Stack) -> None:
+    """``generate: false`` (Codex's prewarm over its socket): the response ends ``completed`` with
+    no output and no generation, and its input is the history the next turn continues."""
+    client = stack.client()
+    instructions = "You are a terse assistant. " * 20
+    with client.responses.connect() as connection:
+        connection.response.create(
+            model=MODEL, instructions=instructions, input="My name is Ada.", generate=False
+        )
+        prepared = check_stream(until_terminal(connection))
+        assert (prepared["status"], prepared["output"]) == ("completed", [])
+        assert prepared["usage"]["output_tokens"] == 0 and prepared["usage"]["input_tokens"] > 0
+        connection.response.create(
+            model=MODEL,
+            instructions=instructions,
+            input="What is my name?",
+            previous_response_id=prepared["id"],
+            temperature=0,
+            max_output_tokens=8,
+        )
+        answered = check_stream(until_terminal(connection))
+    alone = client.responses.input_tokens.count(
+        model=MODEL, instructions=instructions, input="What is my name?"
+    ).input_tokens
+    assert answered["usage"]["input_tokens"] > alone  # the prepared turn is in its prompt
+    stored = client.responses.retrieve(prepared["id"])
+    assert stored.status == "completed" and stored.output == []
+    assert [item.type for item in client.responses.input_items.list(prepared["id"]).data] == ["message"]
+    # In a conversation, its input joins the conversation as a generated turn's would.
+    conversation = client.conversations.create()
+    with client.responses.connect() as connection:
+        connection.response.create(
+            model=MODEL, input="My name is Ada.", conversation=conversation.id, generate=False
+        )
+        assert check_stream(until_terminal(connection))["status"] == "completed"
+    items = client.conversations.items.list(conversation.id).data
+    assert [(item.type, item.content[0].text) for item in items] == [("message", "My name is Ada.")]  # type: ignore[union-attr]
