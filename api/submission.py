@@ -382,7 +382,7 @@ async def accept(
         opened = EventHub.of(state.redis).open_new(keys.events(response_id), logged) if follow else None
         try:
             await _record_prepared(
-                state, response_id, prepared, items, input_record, turn_parent, linked_turn
+                state, response_id, prepared, items, input_record, turn_parent, linked_turn, opened
             )
         except BaseException:
             if opened is not None:
@@ -469,10 +469,12 @@ async def _record_prepared(
     input_record: dict[str, Any],
     turn_parent: str | None,
     linked_turn: bool,
+    opened: OpenedLog | None,
 ) -> None:
     """Record ``prepared`` in one step, ended: what the API writes for a response, then what a
     post-processor writes at its end (the final record, the turn's output, the conversation's
-    items), with no generation between. Nothing waits on a GPU, so it is not admitted."""
+    items), with no generation between. Nothing waits on a GPU, so it is not admitted.
+    ``opened``: the relay's join of the log, whose hub wake-up (if owed) goes in the step."""
     settings = state.settings
     ttl = settings.transient_ttl_s
     final_ttl = settings.store_ttl_s if prepared.store else ttl
@@ -518,4 +520,7 @@ async def _record_prepared(
             *keys.conversation_keys(items.conversation_id),
             *conversations.append_arguments(settings.store_ttl_s, response_id, items.own),
         )
+    if opened is not None:
+        # Other joiners counted on this join's wake-up (api.event_hub): it must go out.
+        opened.stage_wake(pipe)
     await pipe.execute()

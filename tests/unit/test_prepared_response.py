@@ -1,0 +1,87 @@
+"""A response prepared without output (the WebSocket mode's ``generate: false``): what its one
+step writes (``api/submission.py``, ``_record_prepared``). The pipeline is a recording fake; the
+e2e test in ``tests/e2e/test_websocket.py`` runs it for real."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+from api.prompting import RequestItems
+from api.submission import _Prepared, _record_prepared
+from resq import keys, records
+from resq.options import ProcessingOptions
+
+RESPONSE_ID = "resp_" + "0" * 32
+
+
+class _Pipeline:
+    """Records the commands queued on it, in order."""
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[str, tuple[Any, ...]]] = []
+        self.executed = False
+
+    def __getattr__(self, name: str) -> Any:
+        def queue(*args: Any, **kwargs: Any) -> None:
+            assert not self.executed, f"{name} queued after the step ran"
+            self.commands.append((name, args))
+
+        return queue
+
+    async def execute(self) -> list[Any]:
+        self.executed = True
+        return []
+
+
+class _Opened:
+    def __init__(self) -> None:
+        self.staged_on: list[_Pipeline] = []
+
+    def stage_wake(self, pipe: _Pipeline) -> None:
+        self.staged_on.append(pipe)
+
+
+def _record(store: bool, opened: _Opened | None) -> _Pipeline:
+    pipe = _Pipeline()
+    state: Any = SimpleNamespace(
+        settings=SimpleNamespace(transient_ttl_s=600, store_ttl_s=86_400),
+        redis=SimpleNamespace(pipeline=lambda transaction: pipe),
+    )
+    own = [{"id": "msg_1", "type": "message", "role": "user", "content": [], "status": "completed"}]
+    prepared = _Prepared(b"{}", b'{"status":"completed"}', [], ProcessingOptions(model="m"), store, "owner")
+    items = RequestItems(own, own)
+    asyncio.run(_record_prepared(state, RESPONSE_ID, prepared, items, {"items": own}, None, store, opened))  # type: ignore[arg-type]
+    assert pipe.executed
+    return pipe
+
+
+def test_the_step_ends_the_response_and_wakes_the_relays_hub() -> None:
+    opened = _Opened()
+    pipe = _record(store=True, opened=opened)
+    finalize = [args for name, args in pipe.commands if name == "eval" and args[0] == records.FINALIZE_LUA]
+    assert len(finalize) == 1
+    assert finalize[0][2:6] == (
+        keys.record(RESPONSE_ID),
+        keys.events(RESPONSE_ID),
+        keys.input_items(RESPONSE_ID),
+        keys.turn(RESPONSE_ID),
+    )
+    assert finalize[0][6] == "completed" and finalize[0][8] == 86_400  # a stored one's TTL
+    # The join owed the hub a wake-up that other joiners counted on: it goes in this step.
+    assert opened.staged_on == [pipe]
+    # No generation: nothing is admitted, queued or leased.
+    names = {name for name, _ in pipe.commands}
+    assert "lpush" not in names and "zadd" not in names
+    # A stored one's input is indexed for item references.
+    assert ("set", (keys.item_ref("owner", "msg_1"), f"{RESPONSE_ID} i")) in [
+        (name, args[:2]) for name, args in pipe.commands
+    ]
+
+
+def test_an_unstored_one_lives_the_transient_ttl_and_is_not_indexed() -> None:
+    pipe = _record(store=False, opened=None)
+    finalize = [args for name, args in pipe.commands if name == "eval" and args[0] == records.FINALIZE_LUA]
+    assert finalize[0][8] == 600
+    assert all(args[0] != keys.item_ref("owner", "msg_1") for name, args in pipe.commands if name == "set")
