@@ -38,6 +38,7 @@ from resq.logs import bind_response_id
 from resq.options import ProcessingOptions
 from resq.postprocess import event_log
 from resq.recovery import generations
+from resq.settings import Settings
 from resq.status import ENDPOINT_OF_PROTOCOL, ResponseStatus
 from resq.truncation import turn_starts
 from resq.wire import GenerationJob
@@ -377,13 +378,13 @@ async def accept(
 
     created_json = jsonutil.dumps(created)
     ttl = settings.transient_ttl_s
+
+    record = records.NewRecord(record_status, created_json, options, store, background, caller.owner)
+    new = _NewResponse(response_id, record, logged, input_record, items.own, turn_parent, linked_turn)
     if not generate:
-        prepared = _Prepared(created_json, jsonutil.dumps(final), logged, options, store, caller.owner)
         opened = EventHub.of(state.redis).open_new(keys.events(response_id), logged) if follow else None
         try:
-            await _record_prepared(
-                state, response_id, prepared, items, input_record, turn_parent, linked_turn, opened
-            )
+            await _record_prepared(state, new, jsonutil.dumps(final), items.conversation_id, opened)
         except BaseException:
             if opened is not None:
                 await opened.abandon()
@@ -399,27 +400,7 @@ async def accept(
         # The step's guard: nothing below is written when the server is at capacity.
         state.stage_admission(pipe, response_id)
         state.stage_recovery(pipe, response_id)
-        records.create(
-            pipe,
-            response_id,
-            records.NewRecord(record_status, created_json, options, store, background, caller.owner),
-            ttl,
-        )
-        event_log.stage_first_events(pipe, response_id, logged, ttl)
-        pipe.set(keys.input_items(response_id), jsonutil.dumps(input_record), ex=ttl)
-        if linked_turn:
-            # It may be continued once it ends: no turn may expire before it, nor its children.
-            turn_ttl = settings.store_ttl_s + ttl
-            pipe.eval(
-                turns.CREATE_LUA,
-                1,
-                keys.turn(response_id),
-                *turns.create_arguments(turn_parent, items.own, turn_ttl, turn_ttl),
-            )
-        if store:
-            item_index.index_items(
-                pipe, caller.owner, response_id, items.own, item_index.INPUT, settings.store_ttl_s
-            )
+        _stage_response(pipe, settings, new)
         generations.stage(pipe, job, ttl, int(time.time() * 1000))
         # The Celery messages go in the same step: no window where the job is recorded but not
         # sent, and no round trip (nor thread hop) of their own before the first token.
@@ -450,57 +431,59 @@ async def accept(
 
 
 @dataclass(frozen=True)
-class _Prepared:
-    """A response prepared without output: its created and final objects, and its events."""
+class _NewResponse:
+    """What recording a new response writes: its record, its first events, its input and turn."""
 
-    created_json: bytes
-    final_json: bytes
+    response_id: str
+    record: records.NewRecord
     logged: list[EncodedEvent]
-    options: ProcessingOptions
-    store: bool
-    owner: str
+    input_record: dict[str, Any]
+    own: list[dict[str, Any]]
+    """Its input items, normalised (the turn's, and the item index's)."""
+    turn_parent: str | None
+    linked_turn: bool
+    """A stored turn of its own extends the chain (:mod:`resq.turns`)."""
 
 
-async def _record_prepared(
-    state: AppState,
-    response_id: str,
-    prepared: _Prepared,
-    items: RequestItems,
-    input_record: dict[str, Any],
-    turn_parent: str | None,
-    linked_turn: bool,
-    opened: OpenedLog | None,
-) -> None:
-    """Record ``prepared`` in one step, ended: what the API writes for a response, then what a
-    post-processor writes at its end (the final record, the turn's output, the conversation's
-    items), with no generation between. Nothing waits on a GPU, so it is not admitted.
-    ``opened``: the relay's join of the log, whose hub wake-up (if owed) goes in the step."""
-    settings = state.settings
+def _stage_response(pipe: Any, settings: Settings, new: _NewResponse) -> None:
+    """Queue on ``pipe`` the commands that record ``new`` (expiring as transient until it ends)."""
     ttl = settings.transient_ttl_s
-    final_ttl = settings.store_ttl_s if prepared.store else ttl
-    pipe = state.redis.pipeline(transaction=True)
-    records.create(
-        pipe,
-        response_id,
-        records.NewRecord(
-            "in_progress", prepared.created_json, prepared.options, prepared.store, False, prepared.owner
-        ),
-        ttl,
-    )
-    event_log.stage_first_events(pipe, response_id, prepared.logged, ttl)
-    pipe.set(keys.input_items(response_id), jsonutil.dumps(input_record), ex=ttl)
-    if linked_turn:
+    response_id = new.response_id
+    records.create(pipe, response_id, new.record, ttl)
+    event_log.stage_first_events(pipe, response_id, new.logged, ttl)
+    pipe.set(keys.input_items(response_id), jsonutil.dumps(new.input_record), ex=ttl)
+    if new.linked_turn:
+        # It may be continued once it ends: no turn may expire before it, nor its children.
         turn_ttl = settings.store_ttl_s + ttl
         pipe.eval(
             turns.CREATE_LUA,
             1,
             keys.turn(response_id),
-            *turns.create_arguments(turn_parent, items.own, turn_ttl, turn_ttl),
+            *turns.create_arguments(new.turn_parent, new.own, turn_ttl, turn_ttl),
         )
-    if prepared.store:
+    if new.record.store:
         item_index.index_items(
-            pipe, prepared.owner, response_id, items.own, item_index.INPUT, settings.store_ttl_s
+            pipe, new.record.owner, response_id, new.own, item_index.INPUT, settings.store_ttl_s
         )
+
+
+async def _record_prepared(
+    state: AppState,
+    new: _NewResponse,
+    final_json: bytes,
+    conversation_id: str | None,
+    opened: OpenedLog | None,
+) -> None:
+    """Record ``new`` and end it with ``final_json`` in one step: what the API writes for a
+    response, then what a post-processor writes at its end (the final record, the turn's output,
+    the conversation's items), with no generation between (the WebSocket mode's ``generate:
+    false``). Nothing waits on a GPU, so it is not admitted. ``opened``: the relay's join of the
+    log, whose hub wake-up (if owed) goes in the step."""
+    settings = state.settings
+    response_id = new.response_id
+    final_ttl = settings.store_ttl_s if new.record.store else settings.transient_ttl_s
+    pipe = state.redis.pipeline(transaction=True)
+    _stage_response(pipe, settings, new)
     pipe.eval(
         records.FINALIZE_LUA,
         4,
@@ -509,16 +492,16 @@ async def _record_prepared(
         keys.input_items(response_id),
         keys.turn(response_id),
         "completed",
-        prepared.final_json,
+        final_json,
         final_ttl,
         "[]",
     )
-    if items.conversation_id is not None:
+    if conversation_id is not None:
         pipe.eval(
             conversations.APPEND_LUA,
             4,
-            *keys.conversation_keys(items.conversation_id),
-            *conversations.append_arguments(settings.store_ttl_s, response_id, items.own),
+            *keys.conversation_keys(conversation_id),
+            *conversations.append_arguments(settings.store_ttl_s, response_id, new.own),
         )
     if opened is not None:
         # Other joiners counted on this join's wake-up (api.event_hub): it must go out.

@@ -8,8 +8,7 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-from api.prompting import RequestItems
-from api.submission import _Prepared, _record_prepared
+from api.submission import _NewResponse, _record_prepared
 from resq import keys, records
 from resq.options import ProcessingOptions
 
@@ -50,9 +49,9 @@ def _record(store: bool, opened: _Opened | None) -> _Pipeline:
         redis=SimpleNamespace(pipeline=lambda transaction: pipe),
     )
     own = [{"id": "msg_1", "type": "message", "role": "user", "content": [], "status": "completed"}]
-    prepared = _Prepared(b"{}", b'{"status":"completed"}', [], ProcessingOptions(model="m"), store, "owner")
-    items = RequestItems(own, own)
-    asyncio.run(_record_prepared(state, RESPONSE_ID, prepared, items, {"items": own}, None, store, opened))  # type: ignore[arg-type]
+    record = records.NewRecord("in_progress", b"{}", ProcessingOptions(model="m"), store, False, "owner")
+    new = _NewResponse(RESPONSE_ID, record, [], {"items": own}, own, None, store)
+    asyncio.run(_record_prepared(state, new, b'{"status":"completed"}', None, opened))  # type: ignore[arg-type]
     assert pipe.executed
     return pipe
 
