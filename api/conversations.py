@@ -26,8 +26,7 @@ from api.caller import Caller
 from api.errors import OpenAIError, invalid_value
 from api.input_items import PageRequest, normalise_item
 from api.store import owns
-from resq import conversations, ids, jsonutil, keys, sealed
-from resq.sealed import Sealer, SealError
+from resq import conversations, ids, jsonutil, keys
 
 Item = dict[str, Any]
 
@@ -67,25 +66,6 @@ def conversation_not_found(conversation_id: str, param: str = "conversation_id")
 def item_not_found(item_id: str) -> OpenAIError:
     """The 404 for an item id the conversation does not hold."""
     return OpenAIError(404, f"Item with id '{item_id}' not found.", param="item_id", code=None)
-
-
-def check_sealed(items: list[Item], sealer: Sealer, owner: str, param: str = "items") -> None:
-    """A 400 naming ``param[i].encrypted_content`` for a reasoning or compaction item whose blob
-    ``owner`` cannot open (altered, another server's, another key's): refused when added, it would
-    otherwise make every later response of the conversation a 400."""
-    for index, item in enumerate(items):
-        kind = item.get("type")
-        blob = item.get("encrypted_content") if kind in ("reasoning", "compaction") else None
-        if not isinstance(blob, str):
-            continue
-        try:
-            sealer.open(sealed.REASONING if kind == "reasoning" else sealed.COMPACTION, owner, blob)
-        except SealError as exc:
-            raise invalid_value(
-                f"Invalid '{param}[{index}].encrypted_content': {exc}.",
-                f"{param}[{index}].encrypted_content",
-                "invalid_encrypted_content",
-            ) from None
 
 
 def prepare_items(items: list[Item], param: str = "items") -> list[Item]:

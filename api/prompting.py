@@ -23,6 +23,7 @@ from api.errors import OpenAIError, invalid_value
 from api.generation_plan import GenerationPlan, plan_generation
 from api.input_items import duplicate_id, normalise_input
 from api.schemas import CreateResponseRequest
+from api.sealed_items import opened_text
 from api.state import AppState
 from api.store import EarlierConversation
 from resq import ids, sealed
@@ -89,20 +90,9 @@ async def resolve_input(state: AppState, items: list[Item], caller: Caller) -> l
     opened: list[Item] = []
     for index, item in enumerate(items):
         item = resolved.get(index, item)
-        kind = item.get("type")
-        blob = item.get("encrypted_content") if kind in ("reasoning", "compaction") else None
-        if isinstance(blob, str):
-            purpose = sealed.REASONING if kind == "reasoning" else sealed.COMPACTION
-            try:
-                text = state.sealer.open(purpose, caller.owner, blob)
-            except SealError as exc:
-                raise invalid_value(
-                    f"Invalid 'input[{index}].encrypted_content': {exc}.",
-                    f"input[{index}].encrypted_content",
-                    "invalid_encrypted_content",
-                ) from None
-            if kind == "reasoning":
-                item = {**item, "content": [{"type": "reasoning_text", "text": text}]}
+        text = opened_text(item, state.sealer, caller.owner, f"input[{index}]")
+        if text is not None and item.get("type") == "reasoning":
+            item = {**item, "content": [{"type": "reasoning_text", "text": text}]}
         opened.append(item)
     return opened
 

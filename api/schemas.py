@@ -43,7 +43,8 @@ METADATA_MAX_KEY_CHARS = 64
 METADATA_MAX_VALUE_CHARS = 512
 
 
-def _not_utf8(text: str) -> bool:
+def not_utf8(text: str) -> bool:
+    """Whether ``text`` cannot be written as UTF-8 (it holds a lone surrogate, which JSON allows)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate ("\\ud800"), which JSON allows and UTF-8 does not
@@ -87,7 +88,7 @@ def check_raw_body(body: Any, limit_items: bool = True) -> None:
                 {"limit": MAX_NESTING, "param": re.split(r"[.\[]", path, maxsplit=1)[0] or None},
             )
         if isinstance(value, str):
-            if _not_utf8(value):
+            if not_utf8(value):
                 raise PydanticCustomError(
                     "invalid_unicode",
                     "The text at '{param}' is not valid Unicode (a lone surrogate).",
@@ -96,7 +97,7 @@ def check_raw_body(body: Any, limit_items: bool = True) -> None:
         elif isinstance(value, dict):
             for key, item in value.items():
                 child = f"{path}.{key}" if path else str(key)
-                if isinstance(key, str) and _not_utf8(key):
+                if isinstance(key, str) and not_utf8(key):
                     where = "A key at '{param}'" if path else "A top-level key of the body"
                     raise PydanticCustomError(
                         "invalid_unicode", where + " is not valid Unicode.", {"param": path or None}

@@ -18,12 +18,13 @@ from starlette.datastructures import QueryParams
 from starlette.responses import Response
 
 from api.conversation_schemas import AddItemsRequest, CreateConversationRequest, UpdateConversationRequest
-from api.conversations import check_conversation_id, check_sealed, item_list, prepare_items
+from api.conversations import check_conversation_id, item_list, prepare_items
 from api.deps import CallerDep, StateDep
 from api.errors import invalid_value
 from api.http import json_response
 from api.input_items import MAX_LIMIT, PageParameterError, parse_page_request
 from api.schemas import KNOWN_INCLUDES, InputItem
+from api.sealed_items import check_sealed
 from resq.conversations import MAX_ITEM_ID_CHARS
 from resq.ids import CONVERSATION_ID_PATTERN
 

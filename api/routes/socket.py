@@ -57,7 +57,7 @@ from api.errors import (
 from api.foreground import client_left, forget_unstored
 from api.gate import caller_of
 from api.relay import coalesced_when_behind, follow_event_batches
-from api.schemas import CreateResponseRequest
+from api.schemas import CreateResponseRequest, not_utf8
 from api.state import AppState
 from api.store import EarlierConversation
 from api.submission import Accepted, accept
@@ -99,7 +99,7 @@ def create_request(message: Any) -> tuple[CreateResponseRequest, str | None]:
     stream_id = message.get("stream_id")
     if stream_id is not None and not isinstance(stream_id, str):
         raise invalid_value("'stream_id' must be a string.", "stream_id")
-    if stream_id is not None and not _is_unicode(stream_id):
+    if stream_id is not None and not_utf8(stream_id):
         raise invalid_value("'stream_id' is not valid Unicode (a lone surrogate).", "stream_id")
     generate = message.get("generate")
     if generate is not None and not isinstance(generate, bool):
@@ -115,14 +115,6 @@ def create_request(message: Any) -> tuple[CreateResponseRequest, str | None]:
         return CreateResponseRequest.model_validate(body), stream_id
     except ValidationError as exc:
         raise validation_error_to_openai(exc.errors()) from None
-
-
-def _is_unicode(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def with_stream_id(data: bytes, stream_id: str | None) -> str:
@@ -229,7 +221,7 @@ class Socket:
             if isinstance(previous, str):
                 self._history.pop(previous, None)
             error = as_openai_error(failure)
-            echoed = stream_id if isinstance(stream_id, str) and _is_unicode(stream_id) else None
+            echoed = stream_id if isinstance(stream_id, str) and not not_utf8(stream_id) else None
             await self._send(error_event(error, echoed))
             return
         final = await self._stream(accepted, stream_id)

@@ -103,13 +103,18 @@ def _accept_failing_first(monkeypatch: pytest.MonkeyPatch, failure: Exception) -
     monkeypatch.setattr(socket_route, "follow_event_batches", follow)
 
 
+def _answers_to_two_messages(monkeypatch: pytest.MonkeyPatch, failure: Exception) -> list[dict[str, Any]]:
+    """What a client sending two messages gets when accepting the first raises ``failure``."""
+    _accept_failing_first(monkeypatch, failure)
+    client = _Client([MESSAGE, MESSAGE])
+    _serve(client, _state())
+    return client.sent
+
+
 def test_redis_unreachable_is_a_503_error_event_and_the_socket_stays_usable(
     monkeypatch: pytest.MonkeyPatch, left: list[str]
 ) -> None:
-    _accept_failing_first(monkeypatch, RedisConnectionError("Connection refused"))
-    client = _Client([MESSAGE, MESSAGE])
-    _serve(client, _state())
-    error, completed = client.sent
+    error, completed = _answers_to_two_messages(monkeypatch, RedisConnectionError("Connection refused"))
     assert error["type"] == "error"
     assert error["status"] == 503
     assert error["error"]["code"] == "server_overloaded"
@@ -122,10 +127,7 @@ def test_redis_unreachable_is_a_503_error_event_and_the_socket_stays_usable(
 def test_an_unexpected_failure_is_a_500_error_event_and_the_socket_stays_usable(
     monkeypatch: pytest.MonkeyPatch, left: list[str]
 ) -> None:
-    _accept_failing_first(monkeypatch, ValueError("a bug"))
-    client = _Client([MESSAGE, MESSAGE])
-    _serve(client, _state())
-    error, completed = client.sent
+    error, completed = _answers_to_two_messages(monkeypatch, ValueError("a bug"))
     assert (error["type"], error["status"], error["error"]["type"]) == ("error", 500, "server_error")
     assert "a bug" not in error["error"]["message"]  # an internal detail is logged, not sent
     assert completed["type"] == "response.completed"
