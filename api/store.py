@@ -134,10 +134,11 @@ class ResponseStore:
         """
         if not references:
             return {}
+        resolve_keys = item_index.resolve_keys(caller.owner, (item_id for _, item_id in references))
         raw = await self._redis.eval(
             item_index.RESOLVE_LUA,
-            len(references),
-            *(keys.item_ref(caller.owner, item_id) for _, item_id in references),
+            len(resolve_keys),
+            *resolve_keys,
             item_index.RECORD_KEY_TEMPLATE,
             item_index.INPUT_KEY_TEMPLATE,
         )

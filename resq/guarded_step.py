@@ -23,11 +23,17 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.commands.core import AsyncScript
 
-from resq import turns
+from resq import item_index, turns
 from resq.recovery import generations, leases
 
-EMBEDDED: Final[tuple[str, ...]] = (generations.ADMIT_LUA, leases.REGISTER_LUA, turns.CREATE_LUA)
-"""The scripts a guarded step may hold: the admission, the lease's registration, a turn's creation."""
+EMBEDDED: Final[tuple[str, ...]] = (
+    generations.ADMIT_LUA,
+    leases.REGISTER_LUA,
+    turns.CREATE_LUA,
+    item_index.INDEX_LUA,
+)
+"""The scripts a guarded step may hold: the admission, the lease's registration, a turn's creation,
+the item index's holders of its input."""
 
 _RUNNER: Final = """
 -- ARGV: the commands, each as its count n of arguments, then the n: a command's name and its

@@ -136,12 +136,22 @@ def all_keys(response_id: str) -> tuple[str, ...]:
     )
 
 
+def _item_digest(item_id: str) -> str:
+    # Hashed: a client chooses its input items' ids, of any length.
+    return hashlib.blake2b(item_id.encode(), digest_size=16).hexdigest()
+
+
+def item_holders(owner: str, item_id: str) -> str:
+    """List of ``"<response_id> <o|i>"``, latest first: the stored responses whose output (``o``)
+    or input (``i``) holds the item ``item_id`` of ``owner`` (:mod:`resq.item_index`)."""
+    return f"{PREFIX}:itemholders:{owner}:{_item_digest(item_id)}"
+
+
 def item_ref(owner: str, item_id: str) -> str:
-    """String: ``"<response_id> <o|i>"``, the stored response whose output (``o``) or input (``i``)
-    holds the item ``item_id`` of ``owner`` (:mod:`resq.item_index`). The id is hashed: a client
-    chooses its input items' ids, of any length."""
-    digest = hashlib.blake2b(item_id.encode(), digest_size=16).hexdigest()
-    return f"{PREFIX}:itemref:{owner}:{digest}"
+    """String: ``"<response_id> <o|i>"``, the one holder the index kept before
+    :func:`item_holders` (entries written by earlier versions, read until they expire with the
+    response they name)."""
+    return f"{PREFIX}:itemref:{owner}:{_item_digest(item_id)}"
 
 
 def event_entry_id(sequence_number: int) -> str:

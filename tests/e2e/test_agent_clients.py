@@ -164,6 +164,22 @@ def test_a_deleted_responses_items_are_gone(client: OpenAI) -> None:
         client.responses.create(model=MODEL, input=[{"type": "item_reference", "id": first.output[-1].id}])
 
 
+def test_a_reference_survives_the_deletion_of_a_later_response_that_resent_its_item(client: OpenAI) -> None:
+    """A chat app that deletes a regenerated turn: the item stays referable through the response
+    that made it."""
+    first = client.responses.create(model=MODEL, input="My name is Ada.", temperature=0)
+    reference = {"type": "item_reference", "id": first.output[-1].id}
+    turn = [
+        {"role": "user", "content": "My name is Ada."},
+        reference,
+        {"role": "user", "content": "What is my name?"},
+    ]
+    regenerated = client.responses.create(model=MODEL, temperature=0, input=turn)  # type: ignore[arg-type]
+    client.responses.delete(regenerated.id)
+    again = client.responses.create(model=MODEL, temperature=0, input=turn)  # type: ignore[arg-type]
+    assert again.output_text == scenario("multi_turn").completion
+
+
 # --- encrypted reasoning --------------------------------------------------------------------------
 
 

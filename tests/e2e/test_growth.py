@@ -193,7 +193,7 @@ def _chain_bytes(client: redis.Redis) -> int:
     return sum(
         int(client.memory_usage(key) or 0)
         for key in client.scan_iter(count=1000)
-        if not _is_global(key) and key.startswith((b"resq:{resp_", b"resq:{conv_", b"resq:itemref:"))
+        if not _is_global(key) and key.startswith((b"resq:{resp_", b"resq:{conv_", b"resq:itemholders:"))
     )
 
 

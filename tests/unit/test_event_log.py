@@ -766,7 +766,8 @@ def test_the_end_indexes_logs_and_drops_the_tokens_in_one_round_trip(
     assert r.exists(keys.tokens(RESPONSE_ID)) == 0
     items = events[-1]["response"]["output"]
     assert items and all(
-        r.get(keys.item_ref("alice", item["id"])) == f"{RESPONSE_ID} o".encode() for item in items
+        r.lrange(keys.item_holders("alice", item["id"]), 0, -1) == [f"{RESPONSE_ID} o".encode()]
+        for item in items
     )
 
 
@@ -817,7 +818,7 @@ def test_an_error_in_the_one_round_end_is_finished_step_by_step_without_a_second
     assert output_text(check_stream(events)) == TEXT
     assert r.exists(keys.tokens(RESPONSE_ID)) == 0
     item = events[-1]["response"]["output"][0]
-    assert r.get(keys.item_ref("alice", item["id"])) == f"{RESPONSE_ID} o".encode()
+    assert r.lrange(keys.item_holders("alice", item["id"]), 0, -1) == [f"{RESPONSE_ID} o".encode()]
 
 
 @pytest.mark.parametrize("last", [types.OUTPUT_TEXT_DELTA, types.COMPLETED])

@@ -10,7 +10,7 @@ import redis
 from redis.asyncio import Redis as AsyncRedis
 from redis.asyncio.client import Pipeline
 
-from resq import keys, turns
+from resq import item_index, keys, turns
 from resq.guarded_step import GuardedStep, UnembeddedScriptError
 from resq.recovery import generations
 from resq.recovery.leases import register_lease
@@ -22,7 +22,8 @@ PARENT = "resp_parent"
 
 def _stage(pipe: Pipeline, limit: int) -> None:
     """A step like the API's: the admission first, then a lease, a record, an event log, a
-    turn continuing another (its script refreshes the ancestors), a message, a wake-up."""
+    turn continuing another (its script refreshes the ancestors), its input's item index, a
+    message, a wake-up."""
     generations.admit(pipe, RESPONSE, 1_700_000_000.5, limit)
     register_lease(pipe, RESPONSE, 30.0)
     pipe.hset(keys.record(RESPONSE), mapping={"status": "in_progress", "store": "1", "n": 7})
@@ -37,6 +38,7 @@ def _stage(pipe: Pipeline, limit: int) -> None:
         keys.turn(RESPONSE),
         *turns.create_arguments(PARENT, [{"type": "message", "role": "user"}], 900, 1200),
     )
+    item_index.index_items(pipe, "owner", RESPONSE, [{"id": "msg_1"}, {"id": "msg_2"}], item_index.INPUT, 900)
     pipe.lpush("test:queue", b'{"body": "message"}')
     pipe.xadd("test:wake", {"w": "1"}, maxlen=1, approximate=False)
     pipe.expire("test:wake", 60)

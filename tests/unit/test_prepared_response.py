@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from api.submission import _NewResponse, _record_prepared
-from resq import keys, records
+from resq import item_index, keys, records
 from resq.options import ProcessingOptions
 
 RESPONSE_ID = "resp_" + "0" * 32
@@ -74,13 +74,12 @@ def test_the_step_ends_the_response_and_wakes_the_relays_hub() -> None:
     names = {name for name, _ in pipe.commands}
     assert "lpush" not in names and "zadd" not in names
     # A stored one's input is indexed for item references.
-    assert ("set", (keys.item_ref("owner", "msg_1"), f"{RESPONSE_ID} i")) in [
-        (name, args[:2]) for name, args in pipe.commands
-    ]
+    index = [args for name, args in pipe.commands if name == "eval" and args[0] == item_index.INDEX_LUA]
+    assert len(index) == 1 and index[0][1:4] == (1, keys.item_holders("owner", "msg_1"), f"{RESPONSE_ID} i")
 
 
 def test_an_unstored_one_lives_the_transient_ttl_and_is_not_indexed() -> None:
     pipe = _record(store=False, opened=None)
     finalize = [args for name, args in pipe.commands if name == "eval" and args[0] == records.FINALIZE_LUA]
     assert finalize[0][8] == 600
-    assert all(args[0] != keys.item_ref("owner", "msg_1") for name, args in pipe.commands if name == "set")
+    assert all(args[0] != item_index.INDEX_LUA for name, args in pipe.commands if name == "eval")

@@ -17,7 +17,7 @@ from api.event_hub import EventHub
 from api.query import MAX_POSITION, boolean, non_negative_int
 from api.relay import follow_events
 from api.store import ResponseStore, StoredResponse, check_response_id
-from resq import ids, jsonutil, keys
+from resq import ids, item_index, jsonutil, keys
 from resq.conversation import continue_conversation, items_to_messages
 from resq.records import CANCEL_LUA, DELETE_LUA, FINALIZE_LUA
 from resq.redis_client import async_redis
@@ -352,3 +352,96 @@ async def test_store_refuses_unstored_and_foreign_responses(
     finally:
         await EventHub.close_for(client)
         await client.aclose()
+
+
+# --- item references ---------------------------------------------------------------------------------
+
+
+def holding(
+    client: redis.Redis, item: dict[str, Any], where: str, final: bool = True, owner: str = ""
+) -> str:
+    """A stored response holding ``item`` as output (``o``) or input (``i``), indexed as its latest holder."""
+    response_id = ids.new_response_id()
+    output = [item] if where == item_index.OUTPUT else []
+    client.hset(
+        keys.record(response_id),
+        mapping={
+            "status": "completed" if final else "in_progress",
+            "response": jsonutil.dumps({"id": response_id, "output": output}),
+            "store": "1",
+            "owner": owner,
+            "final": "1" if final else "0",
+        },
+    )
+    client.set(keys.input_items(response_id), jsonutil.dumps({"items": [] if output else [item]}))
+    pipe = client.pipeline()
+    item_index.index_items(pipe, owner, response_id, [item], where, TTL_S)  # type: ignore[arg-type]
+    pipe.execute()
+    return response_id
+
+
+async def resolve(redis_url: str, item_id: str) -> dict[str, Any]:
+    client = async_redis(redis_url)
+    try:
+        resolved = await ResponseStore(client, TTL_S).referenced_items([(0, item_id)], ANONYMOUS)
+    finally:
+        await client.aclose()
+    return resolved[0]
+
+
+ITEM = {"type": "message", "id": "msg_shared", "role": "assistant", "content": []}
+
+
+@pytest.mark.anyio
+async def test_a_reference_outlives_the_deletion_of_the_latest_response_that_resent_its_item(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """The first response made the item, a later one resent it: deleting the later one leaves the
+    item referable through the first (the index once kept the latest holder only)."""
+    first = holding(redis_client, ITEM, item_index.OUTPUT)
+    resent = holding(redis_client, ITEM, item_index.INPUT)
+    assert redis_client.lrange(keys.item_holders("", "msg_shared"), 0, -1) == [
+        f"{resent} i".encode(),
+        f"{first} o".encode(),
+    ]
+    assert await resolve(redis_url, "msg_shared") == ITEM
+    assert delete(redis_client, resent) == b"completed"
+    assert await resolve(redis_url, "msg_shared") == ITEM
+    assert delete(redis_client, first) == b"completed"
+    with pytest.raises(OpenAIError) as caught:
+        await resolve(redis_url, "msg_shared")
+    assert caught.value.status_code == 400 and caught.value.param == "input[0].id"
+
+
+@pytest.mark.anyio
+async def test_a_reference_skips_a_holder_whose_output_has_not_ended(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    holding(redis_client, ITEM, item_index.INPUT)
+    holding(redis_client, ITEM, item_index.OUTPUT, final=False)
+    assert await resolve(redis_url, "msg_shared") == ITEM
+
+
+@pytest.mark.anyio
+async def test_an_entry_of_the_single_holder_index_still_resolves(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Entries written before the holder lists stay readable until they expire with their response."""
+    response_id = holding(redis_client, ITEM, item_index.OUTPUT)
+    redis_client.delete(keys.item_holders("", "msg_shared"))
+    redis_client.set(keys.item_ref("", "msg_shared"), f"{response_id} o", ex=TTL_S)
+    assert await resolve(redis_url, "msg_shared") == ITEM
+
+
+def test_the_holders_are_bounded_and_a_holder_indexed_again_moves_first(redis_client: redis.Redis) -> None:
+    holders = [holding(redis_client, ITEM, item_index.INPUT) for _ in range(item_index.HOLDERS_KEPT + 2)]
+    key = keys.item_holders("", "msg_shared")
+    kept = redis_client.lrange(key, 0, -1)
+    assert kept == [f"{holder} i".encode() for holder in reversed(holders[2:])]
+    assert 0 < redis_client.ttl(key) <= TTL_S
+    pipe = redis_client.pipeline()
+    item_index.index_items(pipe, "", holders[5], [ITEM], item_index.INPUT, TTL_S)
+    pipe.execute()
+    again = redis_client.lrange(key, 0, -1)
+    assert again[0] == f"{holders[5]} i".encode() and again.count(again[0]) == 1
+    assert len(again) == item_index.HOLDERS_KEPT
