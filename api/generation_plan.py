@@ -8,10 +8,11 @@ Every option is either enforced or refused with a 400 naming it; none is ignored
 - ``tool_choice``: ``none`` offers no tools and keeps any call markup as text;
   ``auto`` lets the model choose; ``required`` and ``{"type": "function", "name"}``
   force a call (of any function, or of the named one; ``required`` with a single
-  tool names it). When any offered function is ``strict``, the answer is
-  constrained by a grammar (:mod:`resq.grammars`): calls in the tool parser's
-  envelope, strict functions' arguments following their ``parameters``, and for
-  a forced choice nothing but calls. Without strict functions a forced choice
+  tool names it). When any offered function is ``strict``, or ``text.format``
+  constrains the message, the answer is constrained by a grammar
+  (:mod:`resq.grammars`): the JSON or calls in the tool parser's envelope, strict
+  functions' arguments following their ``parameters`` (any object for the others),
+  and for a forced choice nothing but calls. Otherwise a forced choice
   prefills the assistant turn with the opening of a call, so the model can only
   go on with one (the prefill is part of the answer: the post-processor parses it
   as output); ``auto`` leaves the answer free.
@@ -222,8 +223,10 @@ def _callable(tool: OfferedTool) -> CallableFunction:
 def _constrained_calls(
     request: CreateResponseRequest, functions: list[OfferedTool], tool_parser: str, forcing: bool
 ) -> CallsShape | None:
-    """The calls' grammar when some tool constrains its calls (None: calls stay unconstrained)."""
-    if not any(_constrains(tool) for tool in functions):
+    """The calls' grammar when some tool constrains its calls, or ``text.format`` constrains the
+    answer (its grammar must then leave room for calls, of non-strict tools too); None: calls
+    stay unconstrained."""
+    if answer_schema(request) is None and not any(_constrains(tool) for tool in functions):
         return None
     offered = functions
     if forcing:

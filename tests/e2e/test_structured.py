@@ -157,6 +157,23 @@ def test_a_strict_tool_call_follows_its_parameters(client: OpenAI) -> None:
         assert calls[0].name == "get_weather"
 
 
+def test_a_structured_answer_leaves_room_for_calls_of_tools_that_are_not_strict(client: OpenAI) -> None:
+    """LangChain's tools are not strict; with a structured output the grammar must still allow
+    their calls (it once allowed the JSON alone: no call could ever come)."""
+    tool = {**STRICT_WEATHER_TOOL, "strict": False}
+    response = client.responses.create(
+        model=FIXTURE,
+        input="What is the weather in Paris?",
+        temperature=0,
+        tools=[tool],  # type: ignore[list-item]
+        tool_choice="auto",
+        text=json_format(ANSWER_SCHEMA),  # type: ignore[arg-type]
+    )
+    calls = [item for item in response.output if item.type == "function_call"]
+    assert response.status == "completed" and len(calls) >= 1, response.output
+    assert calls[0].name == "get_weather" and isinstance(json.loads(calls[0].arguments), dict)
+
+
 def test_an_agent_resending_its_strict_tools_has_them_compiled_once(stack: Stack) -> None:
     """Turn after turn the same tools: the API compiles their grammar at most once (an earlier test
     may have sent the same grammar), and every turn's calls still follow it (the GPU worker
