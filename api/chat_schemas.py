@@ -32,6 +32,7 @@ from api.schemas import (
     RefusingBranch,
     _Strict,
     check_raw_body,
+    object_parameters,
     unsupported,
 )
 
@@ -150,7 +151,7 @@ class UnsupportedMessage(RefusingBranch):
             raise unsupported("The deprecated 'function' role (use 'tool')")
         raise PydanticCustomError(
             "invalid_role",
-            "Invalid role {role!r}: expected system, developer, user, assistant or tool.",
+            "Invalid role '{role}': expected system, developer, user, assistant or tool.",
             {"role": value},
         )
 
@@ -179,6 +180,8 @@ class FunctionDefinition(_Strict):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+
+    _object_parameters = field_validator("parameters")(classmethod(object_parameters))
 
 
 class ChatFunctionTool(_Strict):

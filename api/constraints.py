@@ -19,7 +19,7 @@ from llguidance import LLMatcher
 from api import metrics
 from api.errors import OpenAIError, invalid_value
 from api.generation_plan import GenerationPlan, answer_schema, custom_input_schema
-from api.schemas import CreateResponseRequest, CustomTool, FunctionTool
+from api.schemas import CreateResponseRequest, CustomTool, FunctionTool, NamespaceTool
 from resq.catalog import TextTokenizer
 from resq.grammars import GrammarError, build_grammar, check_grammar, schema_grammar
 
@@ -59,6 +59,30 @@ def _culprit(request: CreateResponseRequest, tokenizer: TextTokenizer) -> OpenAI
     return None
 
 
+def _regex_tools(request: CreateResponseRequest) -> Iterator[tuple[str, CustomTool]]:
+    """Each custom tool with a regex grammar, namespaced ones included, with its param path."""
+    for index, tool in enumerate(request.tools or []):
+        if isinstance(tool, CustomTool) and tool.regex is not None:
+            yield f"tools[{index}]", tool
+        elif isinstance(tool, NamespaceTool):
+            for inner_index, inner in enumerate(tool.tools):
+                if isinstance(inner, CustomTool) and inner.regex is not None:
+                    yield f"tools[{index}].tools[{inner_index}]", inner
+
+
+def _check_regexes(request: CreateResponseRequest) -> None:
+    """400 for a custom tool's regex that does not compile on its own. The grammar wraps it
+    (``^(?:...)$``, the whole input matches), and a wrapped ``a)|(.*`` compiles into a regex that
+    matches anything: it must be checked before it is wrapped."""
+    for path, tool in _regex_tools(request):
+        try:
+            check_grammar(LLMatcher.grammar_from_regex(tool.regex or ""))
+        except GrammarError as exc:
+            raise invalid_value(
+                f"Invalid grammar for custom tool '{tool.name}': {exc}", f"{path}.format.definition"
+            ) from exc
+
+
 def request_grammar(
     request: CreateResponseRequest, plan: GenerationPlan, tokenizer: TextTokenizer
 ) -> str | None:
@@ -66,6 +90,7 @@ def request_grammar(
     shape = plan.answer_shape
     if shape is None:
         return None
+    _check_regexes(request)
     try:
         grammar = build_grammar(shape, tokenizer.special_token_id)
         if grammar is not None:

@@ -191,6 +191,7 @@ def _pick(errors: Sequence[Any]) -> dict[str, Any]:
                 "items_limit",
                 "number_range",
                 "unknown_tool_type",
+                "invalid_function_parameters",
             )
             else 0
         )
@@ -226,6 +227,8 @@ def validation_error_to_openai(errors: Sequence[Any]) -> OpenAIError:
         return invalid_value(str(error["msg"]), param, "unsupported_parameter")
     if kind == "unknown_tool_type":
         return invalid_value(str(error["msg"]), param)
+    if kind == "invalid_function_parameters":
+        return invalid_value(str(error["msg"]), param, kind)
     if kind == "union_tag_invalid":
         return invalid_value(f"Invalid value for '{param}': unknown type.", param)
     if _TYPE_ERRORS.search(kind):

@@ -8,6 +8,7 @@ fields, as the SDK omits what the caller leaves out anyway.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Annotated, Any, ClassVar, Final, Literal
@@ -374,6 +375,23 @@ InputItem = Annotated[
 # --- tools ---------------------------------------------------------------------------------------
 
 
+def object_parameters(
+    cls: type[BaseModel], value: dict[str, Any] | None, info: ValidationInfo
+) -> dict[str, Any] | None:
+    """A function tool's ``parameters`` validator: a call's arguments are a JSON object (the tool
+    parser reads nothing else), so a schema of another type could never be called. OpenAI's own
+    400, word for word."""
+    kind = (value or {}).get("type", "object")
+    if kind != "object":
+        raise PydanticCustomError(
+            "invalid_function_parameters",
+            "Invalid schema for function '{name}': schema must be a JSON Schema of 'type: \"object\"', "
+            "got 'type: {kind}'.",
+            {"name": info.data.get("name", ""), "kind": json.dumps(kind)},
+        )
+    return value
+
+
 class _ToolBase(_Strict):
     """What every tool the model may call has: a name, a description, how it may be called."""
 
@@ -421,6 +439,8 @@ class FunctionTool(_ToolBase):
             raise unsupported("output_schema (chat templates cannot show it to the model)")
         return value
 
+    _object_parameters = field_validator("parameters")(classmethod(object_parameters))
+
 
 HOSTED_TOOL_TYPES = frozenset(
     {
@@ -461,7 +481,7 @@ class HostedTool(BaseModel):
         if value not in HOSTED_TOOL_TYPES:
             raise PydanticCustomError(
                 "unknown_tool_type",
-                "Unknown tool type {kind!r}; expected 'function', 'custom', 'namespace' or a "
+                "Unknown tool type '{kind}'; expected 'function', 'custom', 'namespace' or a "
                 "hosted tool type.",
                 {"kind": value},
             )

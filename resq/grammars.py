@@ -288,5 +288,12 @@ class AcceptedGrammars:
 
 
 def _first_line(message: str) -> str:
-    # llguidance's messages end with a caret diagram of the grammar: the first line says it.
-    return message.strip().splitlines()[0].removeprefix("at 1(8): ").strip()
+    """llguidance's message as one sentence. Its messages end with a caret diagram of the grammar,
+    so the first line says it, except that a regex's first line only opens the regex parser's
+    own report ("regex parse error:"), whose last line (``error: ...``) says why."""
+    lines = [line.strip() for line in message.strip().splitlines()]
+    first = lines[0].removeprefix("at 1(8): ").strip()
+    if first.endswith(":"):
+        why = next((line.removeprefix("error:").strip() for line in lines if line.startswith("error:")), "")
+        first = f"{first} {why}" if why else first.removesuffix(":")
+    return first if first.endswith(".") else first + "."

@@ -360,6 +360,13 @@ CASES = [
         json=body(tools=[{"type": "teleport"}]),
     ),
     Case(
+        "function_parameters_not_an_object",
+        400,
+        "invalid_function_parameters",
+        "tools[0].parameters",
+        json=body(tools=[{"type": "function", "name": "f", "parameters": {"type": "array"}}]),
+    ),
+    Case(
         "hosted_tool_choice",
         400,
         "unsupported_parameter",
@@ -737,6 +744,8 @@ def test_bad_input_gets_its_error_and_harms_nothing(
     error = reply.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert error["message"] and not error["message"].endswith(".."), error["message"]
+    # A message template's placeholders are filled (pydantic's templates know no "!r").
+    assert "!r}" not in error["message"] and "{kind" not in error["message"], error["message"]
     assert (error["type"], error["code"], error["param"]) == (case.type, case.code, case.param), error
 
     # The service is unharmed: a normal request succeeds, the stored response is as it was.

@@ -253,6 +253,23 @@ def test_a_strict_tool_with_a_bad_schema_is_a_400_naming_the_tool(client: OpenAI
     assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "tools[0].parameters"
 
 
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_function_whose_arguments_are_not_an_object_is_a_400_as_openai_says(
+    client: OpenAI, strict: bool
+) -> None:
+    """The tool parser reads an object's arguments only: such a function could never be called."""
+    tool = {"type": "function", "name": "f", "parameters": {"type": "string"}, "strict": strict}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model=FIXTURE, input="Hi", tools=[tool], tool_choice="required")  # type: ignore[list-item]
+    assert caught.value.body == {
+        "message": "Invalid schema for function 'f': schema must be a JSON Schema of 'type: \"object\"', "
+        "got 'type: \"string\"'.",
+        "type": "invalid_request_error",
+        "param": "tools[0].parameters",
+        "code": "invalid_function_parameters",
+    }
+
+
 def test_an_openai_agents_agent_with_output_type(stack: Stack) -> None:
     client = AsyncOpenAI(base_url=f"{stack.base_url}/v1", api_key="sk-test", max_retries=0)
     agent = Agent(
@@ -442,6 +459,12 @@ def test_a_custom_tool_call_and_its_output_go_back_into_the_conversation(tiny_st
             "tools[0].format.definition",
             "invalid_value",
         ),
+        # Valid once wrapped (^(?:[0-9]+)|(.*)$ matches anything): checked before the wrapping.
+        (
+            {"type": "grammar", "syntax": "regex", "definition": "[0-9]+)|(.*"},
+            "tools[0].format.definition",
+            "invalid_value",
+        ),
     ],
 )
 def test_a_custom_tool_grammar_that_cannot_constrain_is_a_400(
@@ -455,6 +478,22 @@ def test_a_custom_tool_grammar_that_cannot_constrain_is_a_400(
         )
     body = caught.value.body
     assert isinstance(body, dict) and body["param"] == param and body["code"] == code, body
+    # One sentence that says why, not the first line of llguidance's report.
+    assert body["message"].endswith(".") and not body["message"].endswith(":."), body
+    if format_["syntax"] == "regex":
+        assert "group" in body["message"], body
+
+
+def test_a_namespaced_custom_tools_regex_is_checked_before_it_is_wrapped(tiny_stack: Stack) -> None:
+    namespace = {
+        "type": "namespace",
+        "name": "codes",
+        "tools": [{**CODE_TOOL, "format": {"type": "grammar", "syntax": "regex", "definition": "a)|(b"}}],
+    }
+    with pytest.raises(openai.BadRequestError) as caught:
+        tiny_stack.client().responses.create(model=TINY, input="Hi", tools=[namespace])  # type: ignore[list-item]
+    body = caught.value.body
+    assert isinstance(body, dict) and body["param"] == "tools[0].tools[0].format.definition", body
 
 
 PATCH_GRAMMAR = r"""
