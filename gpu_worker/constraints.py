@@ -276,13 +276,22 @@ class GrammarConstraints:
         metrics.GRAMMAR_MASK_SECONDS.observe(elapsed)
         return logits.masked_fill(forbidden.to(logits.device, non_blocking=True), float("-inf"))
 
-    def advance(self, constrained: ConstrainedRows, tokens: list[int]) -> None:
+    def advance(self, constrained: ConstrainedRows, tokens: list[int]) -> list[int]:
         """Feed the tokens chosen under a mask (``tokens``: one per row of the step) to their matchers:
-        the rows masked first and the refused rows chosen again.
+        the rows masked first and the refused rows chosen again. Returns the rows whose grammar
+        failed, whose requests must end with an error.
+
+        A matcher refuses a token its own mask allowed only when llguidance fails: a limit of its
+        parser hit at run time (an enum of thousands of objects: "max is 2000" items in a row),
+        which compiling the grammar could not foresee, or a forced text spelled with an added
+        token it then reads as special (a schema whose ``const`` is ``"<tool_call>"``). A matcher
+        in such a state allows no token (its mask lets the end token through). Either way the
+        answer can no longer follow its grammar.
 
         A row reported as :data:`~gpu_worker.sampling.NON_FINITE_TOKEN` is skipped: its
         request ends with an error at this step.
         """
+        failed: list[int] = []
         fed = 0
         # One row after another: a token takes a matcher well under a microsecond, where
         # llguidance's parallel consume cost ~2.5 us a row in hand-offs (docs/benchmarks.md, B5).
@@ -295,10 +304,24 @@ class GrammarConstraints:
                 if token == NON_FINITE_TOKEN:
                     continue
                 fed += 1
-                if not matcher.consume_token(token):
-                    # Cannot happen for a token its own mask allowed; say so rather than hide it.
-                    log.error("a constrained token was refused by its grammar: %s", matcher.get_error())
+                if not matcher.consume_token(token) or matcher.is_error():
+                    failed.append(row)
+                    log.error(
+                        "a grammar failed; its request ends with an error: %s", grammar_failure(matcher)
+                    )
         metrics.CONSTRAINED_TOKENS.inc(fed)
+        return failed
+
+
+GRAMMAR_FAILURE_CHARS = 300
+"""How much of llguidance's message is logged: its messages can hold the whole grammar."""
+
+
+def grammar_failure(matcher: LLMatcher) -> str:
+    """The first line of a failed matcher's error, bounded."""
+    lines = matcher.get_error().strip().splitlines()
+    first = lines[0] if lines else "no message"
+    return first if len(first) <= GRAMMAR_FAILURE_CHARS else first[:GRAMMAR_FAILURE_CHARS] + "..."
 
 
 def _masked(

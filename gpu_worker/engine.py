@@ -58,7 +58,7 @@ from gpu_worker.constraints import GrammarConstraints, GrammarRefusedError
 from gpu_worker.model_loading import LoadedModel
 from gpu_worker.output_mailbox import OutputMailbox
 from gpu_worker.penalties import Penalties
-from gpu_worker.sampling import GREEDY_BELOW_TEMPERATURE, NON_FINITE_TOKEN
+from gpu_worker.sampling import GRAMMAR_FAILED_TOKEN, GREEDY_BELOW_TEMPERATURE, NON_FINITE_TOKEN, STEP_FLAGS
 from gpu_worker.seeds import Seeds
 from resq.settings import Settings
 from resq.wire import GenerationJob
@@ -73,6 +73,11 @@ _PROCESSOR_DEFAULT_TOP_P = 0.95
 NON_FINITE_ERROR = (
     "The model's next-token scores for this response were not finite (NaN or infinity); generation stopped."
 )
+GRAMMAR_FAILED_ERROR = (
+    "The constrained decoder could not go on with this response's grammar (text.format or a tool's "
+    "grammar: a schema too large for it, or text it cannot spell with this vocabulary); generation stopped."
+)
+_FLAG_ERRORS = {NON_FINITE_TOKEN: NON_FINITE_ERROR, GRAMMAR_FAILED_TOKEN: GRAMMAR_FAILED_ERROR}
 
 
 CLAIM_SEPARATOR = "@"
@@ -289,8 +294,9 @@ class Engine:
                 request_id=request_id,
                 max_new_tokens=job.max_output_tokens,
                 streaming=True,
-                # The step's flag for a row it could not sample ends the request at once.
-                eos_token_id=[*self.end_tokens(job), NON_FINITE_TOKEN],
+                # The step's flags for a row it could not sample, or whose grammar failed, end
+                # the request at once.
+                eos_token_id=[*self.end_tokens(job), *STEP_FLAGS],
                 **sampling,
             )
         except BaseException:
@@ -350,14 +356,15 @@ class Engine:
 def _flagged_as_error(output: GenerationOutput) -> GenerationOutput:
     # The flag is the last token of a request it ended (an end token of every request).
     tokens = output.generated_tokens
-    if not (output.is_finished() and tokens and tokens[-1] == NON_FINITE_TOKEN):
+    if not (output.is_finished() and tokens and tokens[-1] in _FLAG_ERRORS):
         return output
-    log.error("non-finite logits for %s: ending it with an error", output.request_id)
+    error = _FLAG_ERRORS[tokens[-1]]
+    log.error("ending %s with an error: %s", output.request_id, error)
     kept = len(tokens) - 1
     return dataclasses.replace(
         output,
         generated_tokens=tokens[:kept],
         logprobs=output.logprobs[:kept],
         status=RequestStatus.FAILED,
-        error=NON_FINITE_ERROR,
+        error=error,
     )

@@ -44,6 +44,15 @@ NON_FINITE_TOKEN: Final = 2**31 - 1
 never a real token); the engine makes it an end token of every request and turns it into
 an error finish."""
 
+GRAMMAR_FAILED_TOKEN: Final = 2**31 - 2
+"""The token id resq's step reports for a constrained row whose grammar failed (its matcher refused
+the token its own mask allowed, or hit one of llguidance's limits): like :data:`NON_FINITE_TOKEN`,
+an end token of every request that the engine turns into an error finish, so the response
+fails instead of ending ``completed`` with text its grammar does not allow."""
+
+STEP_FLAGS: Final = (NON_FINITE_TOKEN, GRAMMAR_FAILED_TOKEN)
+"""Every token id the step reports that is not a token (each one ends its request with an error)."""
+
 
 class Choice(NamedTuple):
     """The next token of every row, and which rows had something finite to choose from."""

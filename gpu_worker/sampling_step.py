@@ -70,7 +70,7 @@ from gpu_worker.constraints import ConstrainedRows, GrammarConstraints
 from gpu_worker.penalties import Penalties
 from gpu_worker.raw_logprobs import chosen_token_logprobs
 from gpu_worker.runner_step import Step, wrap_step
-from gpu_worker.sampling import NON_FINITE_TOKEN, Choice, choose
+from gpu_worker.sampling import GRAMMAR_FAILED_TOKEN, NON_FINITE_TOKEN, STEP_FLAGS, Choice, choose
 from gpu_worker.seeds import SeededRow, Seeds
 
 log = logging.getLogger(__name__)
@@ -245,7 +245,7 @@ def install() -> None:
             if isinstance(self.inputs_and_outputs, ContinuousBatchingAsyncIOs):
                 # A carried-over flag is not a token id; its request ends at this batch's update.
                 input_ids = batch_data["input_ids"]
-                input_ids.masked_fill_(input_ids == NON_FINITE_TOKEN, 0)
+                input_ids.masked_fill_(input_ids >= min(STEP_FLAGS), 0)
             logits = model(**batch_data).logits
             if "logits_to_keep" not in batch_data:
                 logits = logits[:, batch_data["logits_indices"], :]
@@ -260,13 +260,18 @@ def install() -> None:
             settings = row_settings(batch_data["logits_processor_args"], rows, scores.shape[0])
             graph_safe = bool(self.pad_inputs)
             choice = choose(scores, *settings, graph_safe=graph_safe, seeded=seeded)
+            failed: list[int] = []
             if constraints is not None and constrained is not None:
                 choice, chosen = _checked_choice(
                     constraints, constrained, choice, scores, settings, graph_safe, seeded
                 )
-                constraints.advance(constrained, chosen)
+                failed = constraints.advance(constrained, chosen)
             tokens = choice.tokens
             reported = reported_tokens(choice)
+            if failed:
+                reported = reported.index_fill(
+                    0, torch.tensor(failed, device=reported.device), GRAMMAR_FAILED_TOKEN
+                )
             if penalties is not None and penalised is not None:
                 penalties.count(penalised, tokens)
             count = tokens.shape[0]

@@ -340,6 +340,34 @@ def test_random_weights_follow_every_schema(tiny_stack: Stack, temperature: floa
         assert follows(text, SCHEMAS[name]), (name, text)
 
 
+@pytest.mark.parametrize(
+    "schema",
+    [
+        # llguidance's parser limit at run time: "Current row has 2500 items; max is 2000".
+        {"enum": [{"id": index} for index in range(2500)]},
+        # Forced text that llguidance spells with an added token, then refuses as special.
+        {"type": "object", "properties": {"a": {"const": "<tool_call>"}}, "required": ["a"]},
+    ],
+    ids=["parser-limit", "markup-const"],
+)
+def test_a_grammar_that_fails_while_decoding_fails_the_response(
+    tiny_stack: Stack, schema: dict[str, Any]
+) -> None:
+    """Compiling such a grammar could not foresee its failure; the answer can then no longer follow
+    it. The response fails, streamed or not (it once ended "completed" with text that is not JSON)."""
+    client = tiny_stack.client()
+    response = client.responses.create(
+        model=TINY, input="Answer in JSON.", max_output_tokens=300, text=json_format(schema)
+    )
+    assert response.status == "failed" and response.error is not None, response
+    assert response.error.code == "server_error" and "grammar" in response.error.message
+    with client.responses.stream(
+        model=TINY, input="Answer in JSON.", max_output_tokens=300, text=json_format(schema)
+    ) as stream:
+        events = [event.type for event in stream]
+    assert events[-1] == "response.failed" and "response.completed" not in events
+
+
 def test_random_weights_without_the_format_do_not(tiny_stack: Stack) -> None:
     client = tiny_stack.client()
 

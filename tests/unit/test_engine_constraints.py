@@ -17,13 +17,15 @@ from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
+from transformers.generation.continuous_batching.requests import RequestStatus
 
-from gpu_worker.engine import Engine
+from gpu_worker.engine import GRAMMAR_FAILED_ERROR, Engine
 from gpu_worker.model_loading import LoadedModel, load_model
+from gpu_worker.sampling import GRAMMAR_FAILED_TOKEN
 from resq.grammars import AnswerShape, build_grammar
 from resq.settings import BUILTIN_MODEL, Settings
 from resq.wire import GenerationJob
-from tests.support.engine import batch_tokens, greedy_job
+from tests.support.engine import batch_tokens, greedy_job, run_batch
 from tests.support.schemas import SCHEMAS, follows
 
 MAX_TOKENS = 160
@@ -269,3 +271,33 @@ def test_tokens_that_break_the_grammar_are_refused_on_resume(loaded: LoadedModel
     job = make_job("resp_broken", prompt(loaded, "x") + not_json, grammar=grammar)
     with pytest.raises(ValueError, match="do not follow the grammar"):
         engine.add(job, not_json)
+
+
+@pytest.mark.parametrize("checked", [True, False], ids=["checked-after-choice", "masked-first"])
+def test_a_grammar_that_fails_while_decoding_ends_its_request_with_an_error_and_its_neighbours_go_on(
+    loaded: LoadedModel, engine: Engine, checked: bool
+) -> None:
+    """llguidance spells the forced text "<tool_call>" with the vocabulary's added token, then
+    refuses that token as special: the answer can no longer follow the grammar. The request
+    fails (it once ended "completed" with '{"a": "'), alone."""
+    failing = schema_grammar(
+        {
+            "type": "object",
+            "properties": {"a": {"const": "<tool_call>"}},
+            "required": ["a"],
+            "additionalProperties": False,
+        }
+    )
+    prompt_ids = prompt(loaded, "JSON, please.")
+    with checking_after_choice(engine, checked):
+        jobs = [
+            make_job("resp_grammar_fails", prompt_ids, grammar=failing),
+            make_job("resp_neighbour", prompt_ids, grammar=schema_grammar(SCHEMAS["flat"])),
+        ]
+        results = run_batch(engine, jobs, None, timeout_s=300)
+    failed, neighbour = results["resp_grammar_fails"], results["resp_neighbour"]
+    assert failed.status == RequestStatus.FAILED and failed.error == GRAMMAR_FAILED_ERROR
+    assert GRAMMAR_FAILED_TOKEN not in failed.generated_tokens
+    assert answer(loaded, list(failed.generated_tokens)).startswith('{"a": "')
+    assert neighbour.status == RequestStatus.FINISHED
+    assert follows(answer(loaded, list(neighbour.generated_tokens)), SCHEMAS["flat"])
