@@ -330,6 +330,7 @@ async def accept(
         tools_enabled=plan.tools_enabled,
         custom_tools=plan.custom_tools,
         raw_input_tools=plan.raw_input_tools,
+        answer_constrained=plan.answer_shape is not None,
         max_function_calls=plan.max_calls,
         forced_prefix_ids=tuple(forced_ids),
         logprobs=plan.logprobs,

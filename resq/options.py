@@ -38,6 +38,10 @@ class ProcessingOptions(BaseModel):
     """Names of custom tools: their calls become ``custom_tool_call`` items (the ``input`` argument)."""
     raw_input_tools: tuple[str, ...] = ()
     """Custom tools with a Lark grammar: called in the raw-input form (the input as it is)."""
+    answer_constrained: bool = False
+    """A grammar constrains the answer (``text.format`` JSON, strict tools, grammar tools): reasoning
+    comes first only and calls' JSON is well-formed, so markup text the answer's JSON strings hold
+    (``"<think>"``, ``"</tool_call>"``) is text, not a tag."""
     max_function_calls: int | None = None
     """At most this many calls (1 for ``parallel_tool_calls: false``); the answer ends after the last."""
     forced_prefix_ids: tuple[int, ...] = ()

@@ -406,6 +406,52 @@ def test_random_weights_make_strict_calls(tiny_stack: Stack, choice: Any) -> Non
             assert calls[0].name == "get_weather"
 
 
+QUOTING_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "v": {
+            "type": "array",
+            "items": {"type": "string", "pattern": "^</tool_cal(l|x)>$"},
+            "minItems": 6,
+            "maxItems": 6,
+        }
+    },
+    "required": ["v"],
+    "additionalProperties": False,
+}
+"""Arguments that quote the chat format: random weights, greedy, write "</tool_call>" in them."""
+
+
+def test_a_strict_call_whose_arguments_quote_the_close_tag_is_one_call(tiny_stack: Stack) -> None:
+    """The grammar makes a call's JSON well-formed, so a close tag inside its strings is text of
+    the arguments (it once ended the block: the call came back as markup text, or not at all)."""
+    response = tiny_stack.client().responses.create(
+        model=TINY,
+        input="Go.",
+        temperature=0,
+        tools=[{"type": "function", "name": "f", "parameters": QUOTING_PARAMETERS, "strict": True}],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=200,
+    )
+    calls = [item for item in response.output if item.type == "function_call"]
+    assert response.status == "completed" and len(calls) == 1 and response.output_text == "", response.output
+    assert follows(calls[0].arguments, QUOTING_PARAMETERS) and "</tool_call>" in calls[0].arguments
+
+
+def test_a_strict_call_cut_by_max_output_tokens_leaves_no_markup(tiny_stack: Stack) -> None:
+    response = tiny_stack.client().responses.create(
+        model=TINY,
+        input="Go.",
+        temperature=0,
+        tools=[{"type": "function", "name": "f", "parameters": QUOTING_PARAMETERS, "strict": True}],
+        tool_choice="required",
+        max_output_tokens=12,
+    )
+    assert response.status == "incomplete", response
+    assert response.output_text == "" and [item.type for item in response.output] == [], response.output
+
+
 CODE_TOOL: dict[str, Any] = {
     "type": "custom",
     "name": "code",

@@ -64,6 +64,7 @@ def options(
     tools: bool = False,
     tools_enabled: bool = True,
     max_calls: int | None = None,
+    constrained: bool = False,
 ) -> ProcessingOptions:
     return ProcessingOptions(
         model="tiny",
@@ -71,6 +72,7 @@ def options(
         tool_parser="hermes" if tools else None,
         tools_enabled=tools_enabled,
         max_function_calls=max_calls,
+        answer_constrained=constrained,
     )
 
 
@@ -179,6 +181,19 @@ def test_stray_tags_are_dropped_and_think_mid_answer_opens_reasoning() -> None:
     ]
 
 
+@pytest.mark.parametrize("reasoning", ["qwen3", "deepseek_r1"])
+def test_under_a_grammar_tags_in_the_answer_are_text(reasoning: str) -> None:
+    """A grammar lets reasoning come first only: a JSON answer quoting the chat format keeps its
+    tags (without a grammar, the one above, <think> would open reasoning in the middle of it)."""
+    answer = '{"t": "x<think>y</think>z </tool_call>"}'
+    opening = "<think>r</think>" if reasoning == "qwen3" else "r</think>"
+    text = opening + answer
+    expected = [("reasoning", "r"), ("text", answer)]
+    for cuts in ([], range(len(text)), [3, 9, 20, 24]):
+        assert parse(text, options(reasoning, tools=True, constrained=True), split(text, cuts)) == expected
+    assert parse(answer, options("qwen3", constrained=True)) == [("text", answer)]
+
+
 def test_reasoning_cut_off_ends_with_the_output() -> None:
     assert parse("<think>\nstill thinking \n", options("qwen3")) == [("reasoning", "still thinking")]
 
@@ -253,6 +268,13 @@ def test_a_cut_off_call_is_released_as_text() -> None:
     assert parse("\n<tool_call>\n{", options(tools=True)) == [("text", "\n<tool_call>\n{")]
 
 
+def test_under_a_grammar_a_cut_off_call_is_dropped() -> None:
+    """There an open block can only be a call max_output_tokens cut: its markup is no answer text."""
+    text = "Sure.\n" + call("Paris") + "\n" + call("Oslo")[:-4]
+    assert parse(text, options(tools=True, constrained=True)) == [("text", "Sure.\n"), weather("Paris")]
+    assert parse(call("Oslo")[:20], options(tools=True, constrained=True)) == []
+
+
 @pytest.mark.parametrize(
     "body",
     [
@@ -281,6 +303,22 @@ def test_arguments_as_a_json_string_and_unicode() -> None:
     body = '{"name": "f", "arguments": "{\\"city\\": \\"東京\\", \\"n\\": [1, 2]}"}'
     assert parse_call(body) == ToolCallSegment("f", '{"city": "東京", "n": [1, 2]}')
     assert parse_call(' \n{"name":"f","arguments":{}}\n ') == ToolCallSegment("f", "{}")
+
+
+def test_under_a_grammar_a_close_tag_inside_a_calls_json_strings_is_text() -> None:
+    """Strict arguments may quote the chat format; the grammar makes the JSON well-formed, so the
+    block ends after its JSON value. Without a grammar the first close tag ends it, as before."""
+    arguments = {"t": 'x</tool_call>y \\" } ] {', "n": [1, {"m": "</tool_call>"}]}
+    block = '<tool_call>\n{"name": "f", "arguments": ' + json.dumps(arguments) + "}\n</tool_call>"
+    text = "Sure." + block + "\n" + call("Oslo") + " done"
+    expected = [("text", "Sure."), ("call", "f", json.dumps(arguments)), weather("Oslo"), ("text", " done")]
+    for cuts in ([], range(len(text)), [7, 30, 31, 60]):
+        assert parse(text, options(tools=True, constrained=True), split(text, cuts)) == expected
+    # Without a grammar, the first close tag ends the block: broken JSON, released as text; the
+    # next call is still found.
+    unconstrained = parse(text, options(tools=True))
+    assert [piece[1] for piece in unconstrained if piece[0] == "call"] == ["get_weather"]
+    assert unconstrained[0][1].startswith("Sure." + block[: block.index("</tool_call>")])
 
 
 def test_a_stray_close_tag_is_text() -> None:
@@ -877,7 +915,7 @@ def test_a_new_tool_call_format_is_one_row(monkeypatch: pytest.MonkeyPatch) -> N
     from resq.settings import Settings
 
     row = parsers.ToolCallFormat(
-        make=lambda _raw: ToyCallParser(),
+        make=lambda _raw, _constrained: ToyCallParser(),
         envelope=CallEnvelope("CALL ", "\n"),
         forced_opening=lambda name: f"CALL {name} " if name else "CALL ",
     )

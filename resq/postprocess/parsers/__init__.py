@@ -83,7 +83,8 @@ class UnknownParserError(ValueError):
 class ReasoningFormat:
     """One model family's reasoning markup: its parser and how grammars see it."""
 
-    make: Callable[[], ReasoningParser]
+    make: Callable[[bool], ReasoningParser]
+    """The parser, given whether a grammar constrains the answer (then reasoning comes first only)."""
     markup: ReasoningMarkup
 
 
@@ -91,8 +92,9 @@ class ReasoningFormat:
 class ToolCallFormat:
     """One model family's tool-call markup: its parser, its envelope, and how a forced call opens."""
 
-    make: Callable[[frozenset[str]], ToolCallParser]
-    """The parser, given the custom tools called in the raw-input form."""
+    make: Callable[[frozenset[str], bool], ToolCallParser]
+    """The parser, given the custom tools called in the raw-input form and whether a grammar
+    constrains the calls (then their JSON is well-formed)."""
     envelope: CallEnvelope
     forced_opening: Callable[[str | None], str]
     """The text a call (of that function, or of any) starts with, for ``tool_choice``."""
@@ -102,18 +104,20 @@ class ToolCallFormat:
 
 REASONING_FORMATS: dict[str, ReasoningFormat] = {
     "qwen3": ReasoningFormat(
-        make=lambda: ReasoningParser(starts_in_reasoning=False),
+        make=lambda constrained: ReasoningParser(starts_in_reasoning=False, reasoning_first_only=constrained),
         markup=ReasoningMarkup(THINK_OPEN, THINK_CLOSE, starts_inside=False),
     ),
     # The chat template opens <think> itself: generation starts inside reasoning.
     "deepseek_r1": ReasoningFormat(
-        make=lambda: ReasoningParser(starts_in_reasoning=True),
+        make=lambda constrained: ReasoningParser(starts_in_reasoning=True, reasoning_first_only=constrained),
         markup=ReasoningMarkup(THINK_OPEN, THINK_CLOSE, starts_inside=True),
     ),
 }
 TOOL_CALL_FORMATS: dict[str, ToolCallFormat] = {
     "hermes": ToolCallFormat(
-        make=lambda raw_input_tools: HermesToolParser(raw_input_tools=raw_input_tools),
+        make=lambda raw_input_tools, constrained: HermesToolParser(
+            raw_input_tools=raw_input_tools, well_formed_json=constrained
+        ),
         envelope=CallEnvelope(CALL_OPEN, CALL_CLOSE),
         forced_opening=forced_call_opening,
     ),
@@ -143,10 +147,10 @@ def make_parser(options: ProcessingOptions) -> ParserChain:
     """The parser chain for a response (names are checked even when a stage stays off)."""
     reasoning_row = reasoning_format(options.reasoning_parser) if options.reasoning_parser else None
     tool_row = tool_call_format(options.tool_parser) if options.tool_parser else None
-    reasoning = reasoning_row.make() if reasoning_row is not None else None
+    reasoning = reasoning_row.make(options.answer_constrained) if reasoning_row is not None else None
     tools = None
     if tool_row is not None and options.tools_enabled:
-        tools = tool_row.make(frozenset(options.raw_input_tools))
+        tools = tool_row.make(frozenset(options.raw_input_tools), options.answer_constrained)
     return ParserChain(
         reasoning,
         tools,

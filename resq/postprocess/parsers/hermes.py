@@ -11,7 +11,9 @@ Nothing that is not a valid call is lost or invented:
 - a block with invalid JSON, a missing or empty ``name``, or ``arguments`` that
   are not an object is released as plain text, the raw markup included, exactly
   as generated (no phantom call);
-- a block still open when the output ends (cut off) is released the same way;
+- a block still open when the output ends (cut off) is released the same way, except
+  where a grammar constrains the calls: there it can only be a call that
+  ``max_output_tokens`` cut, and it is dropped (the response is ``incomplete``);
 - a stray ``</tool_call>`` outside a block is plain text too.
 
 Raw-input calls: a tool whose input follows a Lark grammar (a custom tool) is called
@@ -20,6 +22,12 @@ form could only carry it as an escaped string). For the names in ``raw_input_too
 block whose first line is ``{"name": <that name>}`` alone becomes a
 :class:`CustomToolCallSegment` whose input is the rest of the block, less the newline
 before the closing tag. Such an input cannot itself contain ``</tool_call>``.
+
+Where a grammar constrains the calls (``well_formed_json``), a block's JSON is well-formed,
+so a ``</tool_call>`` inside one of its strings (arguments quoting the chat format) is text of
+that string, not the block's end: the end is the first ``</tool_call>`` after the block's JSON
+value (:class:`JsonValueEnd`). Without a grammar a model may write broken JSON, and the first
+``</tool_call>`` ends the block, as before, so that one broken call cannot swallow the rest.
 
 Whitespace: a run of text between two calls, or between a call and the start or
 end of the output, that is whitespace only (the ``"\\n"`` between two calls) is
@@ -46,8 +54,11 @@ CALL_CLOSE = "</tool_call>"
 class HermesToolParser:
     """Finds ``<tool_call>`` blocks in answer text of any chunking."""
 
-    def __init__(self, raw_input_tools: frozenset[str] = frozenset()) -> None:
+    def __init__(self, raw_input_tools: frozenset[str] = frozenset(), well_formed_json: bool = False) -> None:
         self._raw_input_tools = raw_input_tools
+        self._well_formed_json = well_formed_json
+        self._body_value = JsonValueEnd()
+        """Where the open block's JSON value ends (read only with ``well_formed_json``)."""
         self._buffer = ""
         self._offset = 0
         """Where the buffer starts in the text fed so far (text segments say where they come from)."""
@@ -80,7 +91,10 @@ class HermesToolParser:
         out: list[Segment] = []
         if self._in_call:
             self._in_call = False
-            self._text(out, CALL_OPEN + self._buffer, self._open_at)
+            if not self._well_formed_json:
+                self._text(out, CALL_OPEN + self._buffer, self._open_at)
+            # Under a grammar an open block can only be a call cut off (max_output_tokens): it
+            # is no text of the answer, and its markup must not reach output_text.
         else:
             self._text(out, self._buffer, self._offset)
         if self._held_whitespace and not self._after_call:
@@ -97,10 +111,16 @@ class HermesToolParser:
     def _step(self, out: list[Segment]) -> bool:
         """Process the buffer up to its next tag; False when it needs more text."""
         if self._in_call:
-            end = self._buffer.find(CALL_CLOSE, self._scanned)
+            value_end = 0
+            if self._well_formed_json:
+                found_end = self._body_value.scan(self._buffer)
+                if found_end is None:
+                    return False  # still inside the block's JSON: no close tag counts yet
+                value_end = found_end
+            end = self._buffer.find(CALL_CLOSE, max(self._scanned, value_end))
             if end < 0:
                 # Rescan only the tail where a close tag could still be completed.
-                self._scanned = max(0, len(self._buffer) - len(CALL_CLOSE) + 1)
+                self._scanned = max(value_end, len(self._buffer) - len(CALL_CLOSE) + 1)
                 return False
             body = self._buffer[:end]
             self._advance(end + len(CALL_CLOSE))
@@ -118,6 +138,7 @@ class HermesToolParser:
         self._advance(start + len(CALL_OPEN))
         self._in_call = True
         self._scanned = 0
+        self._body_value = JsonValueEnd()
         return True
 
     def _close_block(self, out: list[Segment], body: str) -> None:
@@ -154,6 +175,52 @@ class HermesToolParser:
             self._held_whitespace = ""
             self._run_has_text = True
         out.append(TextSegment(text, start=start))
+
+
+class JsonValueEnd:
+    """Finds, incrementally, where a text's leading JSON object ends (strings and escapes
+    followed, so a brace or a tag inside a string does not count). A text that does not start
+    with ``{`` (after whitespace) ends at once: there is no value to skip."""
+
+    def __init__(self) -> None:
+        self._at = 0
+        self._depth = 0
+        self._started = False
+        self._in_string = False
+        self._escaped = False
+        self._end: int | None = None
+
+    def scan(self, text: str) -> int | None:
+        """Where the value ends in ``text`` (the same text, grown, at every call), or None while
+        it has not ended."""
+        at, end = self._at, self._end
+        while end is None and at < len(text):
+            char = text[at]
+            at += 1
+            if not self._started:
+                if char.isspace():
+                    continue
+                if char != "{":
+                    end = at - 1
+                    break
+                self._started, self._depth = True, 1
+            elif self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif char == "\\":
+                    self._escaped = True
+                elif char == '"':
+                    self._in_string = False
+            elif char == '"':
+                self._in_string = True
+            elif char in "{[":
+                self._depth += 1
+            elif char in "}]":
+                self._depth -= 1
+                if self._depth == 0:
+                    end = at
+        self._at, self._end = at, end
+        return end
 
 
 def forced_call_opening(name: str | None) -> str:

@@ -39,6 +39,9 @@ Whitespace (the same result for any chunking)
 Stray tags
     ``<think>`` inside reasoning and ``</think>`` inside the answer are dropped (never
     shown as text); ``<think>`` in the middle of the answer opens a new reasoning block.
+    Where a grammar constrains the answer (``reasoning_first_only``), reasoning can only
+    come first (the grammar says so), and once the answer has started every tag is text:
+    a JSON string holding ``"<think>"`` stays in the JSON.
 
 Held-back text
     Trailing whitespace of reasoning is held until more reasoning follows (then it
@@ -78,8 +81,10 @@ class _Mode(Enum):
 class ReasoningParser:
     """Splits ``<think>`` blocks from the answer, for chunks of any size."""
 
-    def __init__(self, *, starts_in_reasoning: bool = False) -> None:
+    def __init__(self, *, starts_in_reasoning: bool = False, reasoning_first_only: bool = False) -> None:
         self._mode = _Mode.REASONING if starts_in_reasoning else _Mode.START
+        self._reasoning_first_only = reasoning_first_only
+        """Once the answer starts, everything is answer text (a grammar constrains the answer)."""
         self._buffer = ""
         """Text received but not yet classified; it starts at offset ``self.resolved``."""
         self.resolved = 0
@@ -146,6 +151,9 @@ class ReasoningParser:
 
     def _scan(self, out: list[Segment], *, final: bool) -> bool:
         """Process the buffer up to and including its first tag; False when it needs more text."""
+        if self._mode is _Mode.ANSWER and self._reasoning_first_only:
+            self._emit(out, self._buffer)
+            return False
         found = find_first_tag(self._buffer, _TAGS)
         if found is None:
             keep = 0 if final else partial_tag_length(self._buffer, _TAGS)
