@@ -27,6 +27,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from resq.grammars import client_grammar_reference
+
 MAX_NESTING = 64
 """Deepest nesting of arrays and objects a request may use (JSON schemas of tools included):
 deeper values would exhaust the recursion of the JSON encoders and the chat template."""
@@ -500,6 +502,20 @@ class CustomGrammarFormat(_Strict):
     type: Literal["grammar"]
     syntax: Literal["lark", "regex"]
     definition: str = Field(min_length=1)
+
+    @field_validator("definition")
+    @classmethod
+    def _no_references(cls, value: str, info: ValidationInfo) -> str:
+        if info.data.get("syntax") == "lark":
+            reference = client_grammar_reference(value)
+            if reference is not None:
+                raise PydanticCustomError(
+                    "grammar_reference",
+                    "'{reference}' refers to a token or to another grammar (llguidance's extensions); a "
+                    "custom tool's grammar may only describe its own text: write the text as a string",
+                    {"reference": reference},
+                )
+        return value
 
 
 class CustomTool(_ToolBase):

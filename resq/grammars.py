@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -178,6 +179,22 @@ def _call_rules(shape: CallsShape, special_token_id: SpecialTokenId) -> list[str
         f"call_tail: {' | '.join(alternatives)}",
         *arguments,
     ]
+
+
+_LARK_LITERALS = re.compile(r'//[^\n]*|"(?:[^"\\\n]|\\.)*"i?|/(?:[^/\\\n]|\\.)+/[imslux]*')
+"""A Lark grammar's comments, strings and regexes, whose text may hold anything."""
+_LLGUIDANCE_REFERENCES = re.compile(r"<\[[^\]]*\]>|<[^\s<>\"/]+>|@[A-Za-z_][A-Za-z0-9_]*")
+"""llguidance's extensions that reach outside a grammar: token references (``<[0]>``, a special
+token by name, ``<|endoftext|>``) and other grammars by name (``@tool_0``)."""
+
+
+def client_grammar_reference(lark_grammar: str) -> str | None:
+    """The first token or grammar reference a client's Lark grammar makes outside its strings,
+    regexes and comments, or None. Such a grammar reaches beyond its input: a token reference
+    writes the model's end token or markup into it (a call that can never close), and a grammar
+    reference names resq's other grammars (the next tool's, its own)."""
+    found = _LLGUIDANCE_REFERENCES.search(_LARK_LITERALS.sub(" ", lark_grammar))
+    return found.group(0) if found else None
 
 
 def raw_input_grammar_name(index: int) -> str:

@@ -533,6 +533,17 @@ def test_a_custom_tool_call_and_its_output_go_back_into_the_conversation(tiny_st
             "tools[0].format.definition",
             "invalid_value",
         ),
+        # llguidance's token and grammar references reach outside the tool's own text.
+        (
+            {"type": "grammar", "syntax": "lark", "definition": 'start: <[0]> "a"'},
+            "tools[0].format.definition",
+            "invalid_value",
+        ),
+        (
+            {"type": "grammar", "syntax": "lark", "definition": "start: @tool_0"},
+            "tools[0].format.definition",
+            "invalid_value",
+        ),
         # Valid once wrapped (^(?:[0-9]+)|(.*)$ matches anything): checked before the wrapping.
         (
             {"type": "grammar", "syntax": "regex", "definition": "[0-9]+)|(.*"},

@@ -14,6 +14,7 @@ from api.generation_plan import plan_tools
 from api.schemas import CreateResponseRequest
 from resq.conversation import items_to_messages
 from resq.events.assembler import OutputAssembler
+from resq.grammars import client_grammar_reference
 from resq.options import ProcessingOptions
 from resq.postprocess.parsers import make_parser
 from resq.postprocess.segments import CustomToolCallSegment, ToolCallSegment
@@ -175,3 +176,20 @@ def test_custom_calls_and_their_outputs_render_back_as_tool_calls() -> None:
         ],
     }
     assert messages[2] == {"role": "tool", "content": "Done.", "tool_call_id": "call_1"}
+
+
+@pytest.mark.parametrize(
+    ("grammar", "reference"),
+    [
+        ('start: <[0]> "a"', "<[0]>"),
+        ("start: x\nx: <|endoftext|>", "<|endoftext|>"),
+        ('start: "a" <think>', "<think>"),
+        ("start: @tool_0", "@tool_0"),
+        # Inside strings, regexes and comments the same characters are text.
+        ('start: "<[0]> @tool_0" /<a>|@b/ // <x> @c\n', None),
+        ('start: "\\"<[0]>" /\\/<a>/', None),
+        ('start: x -> y\nx: %json {"type": "string", "pattern": "<a>"}', None),
+    ],
+)
+def test_a_client_grammar_may_not_reach_tokens_or_other_grammars(grammar: str, reference: str | None) -> None:
+    assert client_grammar_reference(grammar) == reference
