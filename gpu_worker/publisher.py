@@ -52,6 +52,7 @@ from resq.logs import about
 from resq.recovery.generations import (
     ALREADY_APPENDED,
     APPENDED,
+    GONE,
     OUT_OF_ORDER,
     Fence,
     Generations,
@@ -360,6 +361,7 @@ class TokenPublisher:
         self._pending, self._held_until = held, held_until
         ended: list[str] = []
         lost: set[str] = set()
+        gone: set[str] = set()
         diverged: set[str] = set()
         flagged: list[str] = []
         published = 0
@@ -371,6 +373,8 @@ class TokenPublisher:
                     flagged.append(response_id)
             if result == OUT_OF_ORDER:
                 diverged.add(response_id)
+            elif result == GONE:
+                gone.add(response_id)
             elif result not in (APPENDED, ALREADY_APPENDED):
                 lost.add(response_id)
             elif count >= 0:
@@ -399,6 +403,26 @@ class TokenPublisher:
             self._restart_from_stream(sorted(diverged), active)
         checks = results[len(appends) : len(appends) + 2 * len(checked)]
         flags, claims = checks[::2], checks[1::2]
+        unclaimed = [
+            rid
+            for rid, (owner, epoch) in zip(checked, claims, strict=True)
+            if owner is None and epoch is None and rid not in lost and rid not in ended
+        ]
+        if unclaimed:
+            # Rare (a response deleted in a round it appended nothing): a vanished hash, or one
+            # whose claim fields are gone?
+            exists = self._redis.pipeline(transaction=False)
+            for response_id in unclaimed:
+                exists.exists(keys.generation(response_id))
+            gone |= {rid for rid, found in zip(unclaimed, exists.execute(), strict=True) if not found}
+        if gone:
+            # Deleted while generating (or an unstored stream dropped): nobody else will end the
+            # job, so it leaves the reaper's list, and frees its admission slot, now.
+            log.info("%s deleted while generating; stopping it here", ", ".join(sorted(gone)))
+            self._abandon({response_id: active[response_id] for response_id in sorted(gone)})
+            for response_id in gone:
+                self._generations.forget(response_id)
+        lost |= gone
         released = {
             rid
             for rid, (owner, epoch) in zip(checked, claims, strict=True)

@@ -48,6 +48,8 @@ APPENDED: Final = 1
 ALREADY_APPENDED: Final = 2
 FENCED_OFF: Final = 0
 OUT_OF_ORDER: Final = -1
+GONE: Final = -2
+"""A publish found no job at all: the response was deleted, or its unstored stream dropped."""
 FINISHED: Final = "finished"
 FAILED: Final = "failed"
 
@@ -94,7 +96,8 @@ PUBLISH_LUA: Final = """
 -- epoch, TTL, kind, at, count, field/value pairs[, the response id (finish with the set)].
 -- Appends only for the current claim, and exactly once: a retried append (its reply was lost)
 -- finds its tokens already counted. Returns 1 appended, 2 already appended, 0 fenced off (the
--- claim is no longer (owner, epoch), or the job ended), -1 out of order; given the cancel
+-- claim is no longer (owner, epoch), or the job ended), -1 out of order, -2 gone (no job at all:
+-- the response was deleted, or its unstored stream dropped); given the cancel
 -- flag's key, {that, 1 when the flag is set}: the publisher's per-round cancel check rides on
 -- the append instead of costing a command of its own. A finish given the generations set takes
 -- the job off it in the same step (the reaper's list, and the admission count).
@@ -117,6 +120,10 @@ if listed then
 end
 local job = redis.call('HMGET', KEYS[1], 'owner', 'epoch', 'state', 'generated', 'started')
 if job[1] ~= ARGV[1] or job[2] ~= ARGV[2] then
+  if not job[1] and redis.call('EXISTS', KEYS[1]) == 0 then
+    unlist()
+    return reply(-2)
+  end
   return reply(0)
 end
 if job[3] ~= 'pending' then

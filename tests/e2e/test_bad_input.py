@@ -26,7 +26,7 @@ from openai.types.responses import Response
 
 from tests.e2e.conftest import MODEL, Stack, start_stack
 from tests.fixture_model import scenario
-from tests.support.processes import RoleProcess
+from tests.support.processes import RoleProcess, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -765,6 +765,38 @@ def _wait_for_no_generations(redis_url: str, timeout_s: float = 90.0) -> None:
         assert client.zcard("resq:generations") == 0, "generations of earlier tests still listed"
     finally:
         client.close()
+
+
+def test_a_response_deleted_or_dropped_while_it_generates_frees_its_slot_at_once(
+    gpu_worker: RoleProcess, base_env: dict[str, str], log_dir: Path, redis_url: str
+) -> None:
+    """``RESQ_MAX_PENDING=2``, filled by a background response that is then deleted and an unstored
+    stream whose client leaves: both slots free within a publish round or two (they once stayed
+    taken for the reaper's 60 s grace, every new request a 429 meanwhile)."""
+    api = start_stack({**base_env, "RESQ_MAX_PENDING": "2"}, log_dir, 0, "freed-slots")
+    try:
+        _wait_for_no_generations(redis_url)
+        client = api.client()
+        endless = {"model": MODEL, "input": "Repeat forever.", "temperature": 0, "max_output_tokens": 960}
+        deleted = client.responses.create(background=True, **endless).id
+        with httpx.stream(
+            "POST",
+            f"{api.base_url}/v1/responses",
+            json={**endless, "stream": True, "store": False},
+            timeout=30,
+        ) as dropped:
+            for line in dropped.iter_lines():
+                if "output_text.delta" in line:
+                    break  # generating: the client leaves
+        wait_until(
+            lambda: client.responses.retrieve(deleted).status == "in_progress", 30, "the deleted one to start"
+        )
+        client.responses.delete(deleted)
+        _wait_for_no_generations(redis_url, 15)
+        response = client.responses.create(model=MODEL, input="Say hello.", temperature=0)
+        assert response.output_text == scenario("hello").completion
+    finally:
+        api.group.stop_all()
 
 
 def test_past_max_pending_new_requests_get_429_with_retry_after(

@@ -19,9 +19,11 @@ from resq.recovery.generations import (
     ALREADY_APPENDED,
     APPENDED,
     FENCED_OFF,
+    GONE,
     Fence,
     Generations,
     Progress,
+    cancel_checked,
     plan_resume,
 )
 from resq.recovery.leases import PostprocessLeases, ReleaseAlong
@@ -120,6 +122,25 @@ def test_one_claim_at_a_time_and_appends_are_fenced_and_exactly_once(r: redis.Re
     assert field(r, "state") == "finished"
     assert gens.claim(RESPONSE, "gpu-3").outcome == "finished"
     assert gens.claim(OTHER, "gpu-3").outcome == "missing"
+
+
+def test_a_publish_that_finds_no_job_says_it_is_gone_and_a_finish_unlists_it(r: redis.Redis) -> None:
+    """A response deleted while it generates (or an unstored stream dropped) loses its job hash: no
+    one else will end it, so its publisher must free its admission slot (it once waited 60 s for
+    the reaper's grace), where a job taken over keeps its hash and its listing."""
+    gens = Generations(r, TTL_S)
+    stage(r, job())
+    fence = gens.claim(RESPONSE, "gpu-1").fence
+    assert fence is not None
+    assert publish(gens, r, fence, TokensEntry([7]), 0) == APPENDED
+    r.delete(keys.generation(RESPONSE))
+    assert publish(gens, r, fence, TokensEntry([8]), 1) == GONE
+    pipe = r.pipeline(transaction=False)
+    gens.publish(pipe, RESPONSE, fence, TokensEntry([8]), 1, check_cancel=True)
+    assert cancel_checked(pipe.execute()[0]) == (GONE, False)
+    assert r.zscore(keys.GENERATIONS, RESPONSE) is not None  # a tokens append cannot unlist it
+    assert publish(gens, r, fence, FinishEntry("stop", 3, 1), 1) == GONE
+    assert r.zscore(keys.GENERATIONS, RESPONSE) is None
 
 
 def test_a_claim_says_whether_an_earlier_claim_published_and_whether_the_response_is_cancelled(
