@@ -14,6 +14,7 @@ and the final object.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +71,12 @@ class ResponseProcessor:
         self._output_length = 0
         """Characters of decoded output so far (where the next token's text starts)."""
         self._stops = StopSequences(options.stop) if options.stop else None
+        self._sampled = 0
+        """Sampled output tokens fed so far."""
+        self._sampled_at_stop: int | None = None
+        """The output tokens of an answer a stop sequence ended: those up to the one that completed
+        it. The engine goes on until it is told to stop, a number of tokens that depends on timing:
+        usage counts the answer, the same for the same seeded request."""
         self._started = False
         self.reasoning_tokens = 0
         self.finish: FinishEntry | None = None
@@ -106,6 +113,8 @@ class ResponseProcessor:
                 events += self._segments_to_events(self._feed(forced, None, sampled=False))
             events += self._segments_to_events(self._feed(entry.token_ids, entry.logprobs))
         elif isinstance(entry, FinishEntry):
+            if self._sampled_at_stop is not None and entry.finish_reason != "error":
+                entry = dataclasses.replace(entry, output_tokens=self._sampled_at_stop)
             self.finish = entry
             events += self._segments_to_events(self._shown(self._parser.finish(), final=True))
             if self._reasoning_counter is not None:
@@ -149,30 +158,46 @@ class ResponseProcessor:
     def _feed(
         self, token_ids: list[int], logprobs: list[float] | None, *, sampled: bool = True
     ) -> list[Segment]:
+        if self.stopped_early:
+            return []  # the answer ended at a stop sequence: what the engine wrote after is not shown
         counter = self._reasoning_counter
         aligner = self._logprobs
-        if counter is None and aligner is None:
+        stops = self._stops
+        if counter is None and aligner is None and stops is None:
             text = self._detokenizer.feed(token_ids)
             self._output_length += len(text)
+            if sampled:
+                self._sampled += len(token_ids)
             return self._shown(self._parser.feed(text))
         # One token at a time, so that each token's characters are known: the parser says which
-        # of them are reasoning, and text segments say where they lie. The parser sees the same
-        # chunks whatever the entry sizes, so items and counts are identical for any chunking;
-        # the segments of one entry are joined, so deltas follow the entries (as without it).
+        # of them are reasoning, text segments say where they lie, and a stop sequence which
+        # token completed it. The parser sees the same chunks whatever the entry sizes, so items
+        # and counts are identical for any chunking; the segments of one entry are joined, so
+        # deltas follow the entries (as without it).
         segments: list[Segment] = []
+        shown: list[Segment] = []
         for index, token_id in enumerate(token_ids):
             text = self._detokenizer.feed([token_id])
             if aligner is not None and sampled and logprobs is not None and index < len(logprobs):
                 aligner.add_token(self._output_length, token_id, text, logprobs[index])
             self._output_length += len(text)
+            if sampled:
+                self._sampled += 1
             if counter is not None:
                 counter.add_token(len(text), sampled=sampled)
-            segments += self._parser.feed(text)
+            parsed = self._parser.feed(text)
             if counter is not None:
                 counter.settle(self._parser.take_reasoning_spans(), self._parser.resolved)
+            if stops is None:
+                segments += parsed
+                continue
+            shown += self._shown(parsed)
+            if stops.stopped:
+                self._sampled_at_stop = self._sampled
+                break
         if counter is not None:
             self.reasoning_tokens = counter.count
-        return joined(self._shown(segments))
+        return joined(shown if stops is not None else self._shown(segments))
 
     def _with_logprobs(self, segments: list[Segment]) -> list[Segment]:
         return self._logprobs.attach(segments) if self._logprobs is not None else segments
