@@ -418,7 +418,7 @@ class TokenPublisher:
         if gone:
             # Deleted while generating (or an unstored stream dropped): nobody else will end the
             # job, so it leaves the reaper's list, and frees its admission slot, now.
-            log.info("%s deleted while generating; stopping it here", ", ".join(sorted(gone)))
+            log.info("no longer own %s (deleted while generating); stopping it here", ", ".join(sorted(gone)))
             self._abandon({response_id: active[response_id] for response_id in sorted(gone)})
             for response_id in gone:
                 self._generations.forget(response_id)

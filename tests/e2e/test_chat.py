@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any, Literal
 
 import httpx
@@ -20,6 +21,7 @@ import pytest
 import redis
 from openai import OpenAI
 from pydantic import BaseModel
+from tokenizers import Tokenizer
 
 from resq import keys
 from tests.e2e.conftest import MODEL, Stack
@@ -263,13 +265,27 @@ def test_logprobs_cover_the_content_token_by_token(client: OpenAI) -> None:
     assert [entry["token"] for entry in streamed] == [entry.token for entry in choice.logprobs.content]
 
 
-def test_stop_sequences_end_the_answer_before_them(client: OpenAI) -> None:
+def test_stop_sequences_end_the_answer_before_them(client: OpenAI, fixture_model_dir: Path) -> None:
     full = scenario("count").completion  # "1 2 3 ... 20"
     completion = client.chat.completions.create(
         model=MODEL, messages=messages("count"), temperature=0, stop=[" 5", "never"]
     )
     assert completion.choices[0].message.content == full[: full.index(" 5")]
     assert completion.choices[0].finish_reason == "stop"
+    # The usage counts the answer up to the stop, not what the GPU worker wrote before it was told
+    # to stop (a stop of several tokens is found by the post-processor, which then stops it).
+    early = client.chat.completions.create(
+        model=MODEL, messages=messages("count"), temperature=0, stop="2 3 4"
+    )
+    assert early.choices[0].message.content == full[: full.index("2 3 4")] and early.usage is not None
+    ids = (
+        Tokenizer.from_file(str(fixture_model_dir / "tokenizer.json"))
+        .encode(full, add_special_tokens=False)
+        .ids
+    )
+    decode = Tokenizer.from_file(str(fixture_model_dir / "tokenizer.json")).decode
+    through_stop = next(n for n in range(len(ids) + 1) if "2 3 4" in decode(ids[:n]))
+    assert early.usage.completion_tokens == through_stop, (early.usage, through_stop)
     chunks = stream_chunks(client, messages=messages("count"), temperature=0, stop="7")
     assert content(chunks) == full[: full.index("7")]
     assert finish_reason(chunks) == "stop"
