@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from api.query import decimal
 from resq import ids
 
 Item = dict[str, Any]
@@ -129,7 +130,7 @@ def parse_page_request(limit: str | None, order: str | None, after: str | None) 
     parsed_limit = DEFAULT_LIMIT
     if limit is not None:
         try:
-            parsed_limit = int(limit)
+            parsed_limit = decimal(limit)
         except ValueError:
             raise PageParameterError("limit", f"Invalid 'limit': {limit!r} is not an integer.") from None
         if not 1 <= parsed_limit <= MAX_LIMIT:

@@ -8,6 +8,8 @@ a request.
 
 from __future__ import annotations
 
+import re
+
 from api.errors import invalid_value
 
 # Event-log entry ids are `0-<n + 1>` with 64-bit parts: a larger position cannot exist.
@@ -20,7 +22,7 @@ def boolean(value: str | None, param: str) -> bool:
     """A boolean parameter; absent is false."""
     if value is None:
         return False
-    lowered = value.strip().lower()
+    lowered = value.lower()
     if lowered in _TRUE:
         return True
     if lowered in _FALSE:
@@ -28,12 +30,23 @@ def boolean(value: str | None, param: str) -> bool:
     raise invalid_value(f"Invalid value for '{param}': {value!r}. Expected 'true' or 'false'.", param)
 
 
+_DECIMAL = re.compile(r"-?[0-9]+")
+
+
+def decimal(value: str) -> int:
+    """``value`` as an integer written in ASCII decimal digits (``ValueError`` otherwise): Python's
+    ``int`` also reads ``1_0``, ``+3``, `` 1`` and other scripts' digits, which no client sends."""
+    if _DECIMAL.fullmatch(value) is None:
+        raise ValueError(value)
+    return int(value)
+
+
 def non_negative_int(value: str | None, param: str) -> int | None:
     """A non-negative integer parameter (at most :data:`MAX_POSITION`); absent is None."""
     if value is None:
         return None
     try:
-        number = int(value)
+        number = decimal(value)
     except ValueError:
         raise invalid_value(
             f"Invalid type for '{param}': {value!r} is not an integer.", param, "invalid_type"

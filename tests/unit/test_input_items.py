@@ -137,6 +137,8 @@ def test_query_parameters_are_parsed_and_checked() -> None:
         ("0", None, "limit"),
         ("101", None, "limit"),
         ("ten", None, "limit"),
+        ("５", None, "limit"),
+        ("1_0", None, "limit"),
         (None, "up", "order"),
         (None, "ASC", "order"),
     ]:

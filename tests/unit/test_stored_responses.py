@@ -156,11 +156,13 @@ def test_boolean_and_integer_query_values() -> None:
     assert boolean("true", "stream") is True and boolean("False", "stream") is False
     assert non_negative_int(None, "starting_after") is None
     assert non_negative_int("0", "starting_after") == 0
-    for bad in ("yes", ""):
+    for bad in ("yes", "", " true "):
         with pytest.raises(OpenAIError):
             boolean(bad, "stream")
     assert non_negative_int(str(MAX_POSITION), "starting_after") == MAX_POSITION
-    for bad in ("-1", "1.5", "x", str(MAX_POSITION + 1), "9" * 40):
+    # Only ASCII decimal digits: Python's int() also reads underscores, signs, spaces and the
+    # digits of other scripts.
+    for bad in ("-1", "1.5", "x", str(MAX_POSITION + 1), "9" * 40, "1_0", "+3", " 1", "０", "२"):
         with pytest.raises(OpenAIError) as caught:
             non_negative_int(bad, "starting_after")
         assert caught.value.param == "starting_after"
