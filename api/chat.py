@@ -197,35 +197,41 @@ def responses_request(request: ChatCompletionRequest) -> CreateResponseRequest:
     try:
         return CreateResponseRequest.model_validate(body)
     except ValidationError as invalid:
-        raise in_chat_terms(validation_error_to_openai(invalid.errors())) from invalid
+        raise in_chat_terms(validation_error_to_openai(invalid.errors()), request) from invalid
 
 
 _PARAM_PREFIXES = (
     ("input", "messages"),
-    ("max_output_tokens", "max_tokens"),
     ("text.format", "response_format.json_schema"),
     ("text", "response_format"),
 )
 """Responses parameter paths and the chat parameters they were translated from."""
+_NOT_IN_CHAT = ", or send truncation 'auto'"
+"""Advice of a Responses message that chat cannot follow (``truncation`` is no chat parameter)."""
 
 
 _FUNCTION_TOOL_FIELD = re.compile(r"^(tools\[\d+\])\.(name|description|parameters|strict)(?=$|[.\[])")
 """A Responses function tool's field, which a chat tool nests under ``function``."""
 
 
-def in_chat_terms(error: OpenAIError) -> OpenAIError:
+def in_chat_terms(error: OpenAIError, request: ChatCompletionRequest) -> OpenAIError:
     """A translated request's error (from its validation, or from ``accept``: a tool's or the
-    ``response_format``'s schema, the context length), naming the chat parameter it came from."""
+    ``response_format``'s schema, the context length), naming the chat parameter it came from
+    (the output limit as the request sent it: ``max_completion_tokens`` or ``max_tokens``)."""
+    limit_name = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
+    message = error.message.replace("max_output_tokens", limit_name).replace(_NOT_IN_CHAT, "")
     param = error.param
     if param is not None:
         param = _FUNCTION_TOOL_FIELD.sub(r"\1.function.\2", param)
+    if param == "max_output_tokens":
+        param = limit_name
     for responses_name, chat_name in _PARAM_PREFIXES:
         if param is not None and (
             param == responses_name or param.startswith((responses_name + ".", responses_name + "["))
         ):
             param = chat_name + param[len(responses_name) :]
             break
-    return OpenAIError(error.status_code, error.message, param=param, type=error.type, code=error.code)
+    return OpenAIError(error.status_code, message, param=param, type=error.type, code=error.code)
 
 
 def extras(request: ChatCompletionRequest) -> ChatExtras:

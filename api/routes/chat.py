@@ -33,7 +33,7 @@ async def create_chat_completion(
             state, chat.responses_request(body), caller, chat=chat.extras(body), follow=bool(body.stream)
         )
     except OpenAIError as error:  # named in Responses terms (a schema, the context): say it in chat's
-        raise chat.in_chat_terms(error) from None
+        raise chat.in_chat_terms(error, body) from None
     if body.stream:
         return event_stream_response(
             stream_new_response(state, accepted, chat_sse_chunks), state.settings.sse_ping_s

@@ -147,13 +147,39 @@ def test_a_tool_result_answering_no_call_names_the_message() -> None:
 def test_a_translated_error_names_the_chat_parameter(
     responses_param: str | None, chat_param: str | None
 ) -> None:
-    error = in_chat_terms(OpenAIError(400, "bad", param=responses_param, code="invalid_value"))
+    error = in_chat_terms(OpenAIError(400, "bad", param=responses_param, code="invalid_value"), CHAT)
     assert (error.param, error.message, error.code, error.status_code) == (
         chat_param,
         "bad",
         "invalid_value",
         400,
     )
+
+
+CHAT = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+
+
+def test_a_translated_message_names_the_limit_as_sent_and_gives_no_responses_advice() -> None:
+    sent = ChatCompletionRequest.model_validate(
+        {**CHAT.model_dump(exclude_none=True), "max_completion_tokens": 40000}
+    )
+    too_many = in_chat_terms(
+        OpenAIError(400, "Invalid 'max_output_tokens': 40000 is more than 4096.", param="max_output_tokens"),
+        sent,
+    )
+    assert (too_many.param, too_many.message) == (
+        "max_completion_tokens",
+        "Invalid 'max_completion_tokens': 40000 is more than 4096.",
+    )
+    too_long = in_chat_terms(
+        OpenAIError(
+            400,
+            "Too long. Please reduce the input or max_output_tokens, or send truncation 'auto'.",
+            code="context_length_exceeded",
+        ),
+        CHAT,
+    )
+    assert too_long.message == "Too long. Please reduce the input or max_tokens."
 
 
 def test_completion_ids_follow_the_response_id() -> None:
