@@ -41,6 +41,7 @@ Every option is either enforced or refused with a 400 naming it; none is ignored
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -275,7 +276,7 @@ def plan_tools(
     if refuse_hosted:
         _refuse_hosted(request)
     names = [tool.name for tool in _all_offerable(request)]
-    repeated = sorted({name for name in names if names.count(name) > 1})
+    repeated = sorted(name for name, count in Counter(names).items() if count > 1)
     if repeated:
         raise invalid_value(
             f"Tool names must be unique; {', '.join(repr(name) for name in repeated)} appears more than once.",

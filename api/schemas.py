@@ -33,6 +33,13 @@ MAX_NESTING = 64
 """Deepest nesting of arrays and objects a request may use (JSON schemas of tools included):
 deeper values would exhaust the recursion of the JSON encoders and the chat template."""
 MAX_INPUT_ITEMS = 4096
+MAX_CONTENT_PARTS = 4 * MAX_INPUT_ITEMS
+"""Content parts of all the input's items (or messages) together: each one is validated and
+rendered on the API's event loop, so a body of 200,000 tiny parts stalled every other request
+for 1.4 s (the items bound alone did not stop it)."""
+MAX_TOOLS = 128
+"""Tools in ``tools``, and in each namespace (OpenAI's bound): 45,000 tools held the API's event
+loop for 22 s before the bound (and a quadratic name check) were there."""
 """Most input items a request may send. Validating an item costs the event loop about 4 us:
 220,000 one-word messages (7.5 MB, under the body limit) held every stream of the replica for
 about 2 s; this bound keeps validation near 15 ms, and is refused before anything else is walked."""
@@ -81,6 +88,8 @@ def check_raw_body(body: Any, limit_items: bool = True) -> None:
             "The input has {count} items; at most {limit} are allowed (compact or truncate the conversation).",
             {"count": len(items), "limit": MAX_INPUT_ITEMS, "param": "input"},
         )
+    if isinstance(body, dict):
+        _check_counts(body)
     stack: list[tuple[Any, str, int]] = [(body, "", 0)]
     while stack:
         value, path, depth = stack.pop()
@@ -114,6 +123,40 @@ def check_raw_body(body: Any, limit_items: bool = True) -> None:
                 "The number at '{param}' cannot be stored: integers must fit in 64 bits, and NaN "
                 "and infinities are not JSON.",
                 {"param": path or None},
+            )
+
+
+def _check_counts(body: dict[str, Any]) -> None:
+    """The bounds on content parts and tools, counted on the raw body before anything is validated."""
+    for key in ("input", "messages", "items"):
+        listed = body.get(key)
+        if not isinstance(listed, list):
+            continue
+        parts = sum(
+            len(content)
+            for item in listed
+            if isinstance(item, dict) and isinstance(content := item.get("content"), list)
+        )
+        if parts > MAX_CONTENT_PARTS:
+            raise PydanticCustomError(
+                "items_limit",
+                "'{param}' holds {count} content parts in all; at most {limit} are allowed.",
+                {"count": parts, "limit": MAX_CONTENT_PARTS, "param": key},
+            )
+    tools = body.get("tools")
+    if not isinstance(tools, list):
+        return
+    lists = [("tools", tools)] + [
+        (f"tools[{index}].tools", tool["tools"])
+        for index, tool in enumerate(tools)
+        if isinstance(tool, dict) and isinstance(tool.get("tools"), list)
+    ]
+    for param, listed in lists:
+        if len(listed) > MAX_TOOLS:
+            raise PydanticCustomError(
+                "items_limit",
+                "'{param}' has {count} tools; at most {limit} are allowed.",
+                {"count": len(listed), "limit": MAX_TOOLS, "param": param},
             )
 
 

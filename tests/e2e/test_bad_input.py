@@ -360,6 +360,28 @@ CASES = [
         json=body(tools=[{"type": "teleport"}]),
     ),
     Case(
+        "too_many_tools",
+        400,
+        "invalid_value",
+        "tools",
+        json=body(tools=[{"type": "function", "name": f"f{index}"} for index in range(129)]),
+    ),
+    Case(
+        "too_many_tools_in_a_namespace",
+        400,
+        "invalid_value",
+        "tools[0].tools",
+        json=body(
+            tools=[
+                {
+                    "type": "namespace",
+                    "name": "n",
+                    "tools": [{"type": "function", "name": f"f{index}"} for index in range(129)],
+                }
+            ]
+        ),
+    ),
+    Case(
         "function_parameters_not_an_object",
         400,
         "invalid_function_parameters",

@@ -95,9 +95,27 @@ print(reply.text)
 
 HOSTILE_ITEMS = 220_000
 """One-word messages in about 7.5 MB: validating them held the event loop for about 2 s."""
-HOSTILE_BODIES: dict[str, tuple[Any, tuple[str, str]]] = {
-    "long_text": ("x" * HOSTILE_INPUT_CHARS, ("context_length_exceeded", "input")),
-    "many_items": ([{"role": "user", "content": "hi"}] * HOSTILE_ITEMS, ("invalid_value", "input")),
+HOSTILE_PARTS = 200_000
+"""Text parts of one message in about 7 MB: validating them held the event loop for about 1.4 s."""
+HOSTILE_TOOLS = 45_000
+"""Tools in about 2.6 MB: a quadratic check of their names held the event loop for about 22 s."""
+HOSTILE_BODIES: dict[str, tuple[dict[str, Any], tuple[str, str]]] = {
+    "long_text": ({"input": "x" * HOSTILE_INPUT_CHARS}, ("context_length_exceeded", "input")),
+    "many_items": (
+        {"input": [{"role": "user", "content": "hi"}] * HOSTILE_ITEMS},
+        ("invalid_value", "input"),
+    ),
+    "many_parts": (
+        {"input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}] * HOSTILE_PARTS}]},
+        ("invalid_value", "input"),
+    ),
+    "many_tools": (
+        {
+            "input": "hi",
+            "tools": [{"type": "function", "name": f"f{index}"} for index in range(HOSTILE_TOOLS)],
+        },
+        ("invalid_value", "tools"),
+    ),
 }
 
 
@@ -108,11 +126,12 @@ def test_a_huge_input_is_refused_without_stalling_other_streams(
     """~7 MB of input used to be rendered and tokenized on the event loop before the context
     check: every stream of the replica, and /health, stopped for seconds (9 s here). Now it is
     refused on its size alone, off the loop, and a running stream does not notice. The same for
-    220,000 tiny items (about 2 s of validation on the loop): refused on their count first."""
+    220,000 tiny items (about 2 s of validation on the loop), 200,000 content parts (1.4 s) and
+    45,000 tools (22 s): refused on their count first."""
     stack = pinging
-    hostile_input, expected_error = HOSTILE_BODIES[kind]
+    hostile_fields, expected_error = HOSTILE_BODIES[kind]
     hostile = tmp_path / "hostile.json"
-    hostile.write_text(json.dumps({"model": MODEL, "input": hostile_input}))
+    hostile.write_text(json.dumps({"model": MODEL, **hostile_fields}))
     arrivals: list[float] = []
     stop = threading.Event()
     reader = threading.Thread(target=_stream_arrivals, args=(stack, stop, arrivals), daemon=True)

@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 from api.errors import OpenAIError, validation_error_to_openai
 from api.generation_plan import THINKING_SWITCH, plan_generation, plan_tools, thinking_context, wants_logprobs
 from api.prompting import render_prompt
-from api.schemas import MAX_INPUT_ITEMS, CreateResponseRequest
+from api.schemas import MAX_CONTENT_PARTS, MAX_INPUT_ITEMS, MAX_TOOLS, CreateResponseRequest
 from api.submission import initial_response, stop_token_ids
 from resq.catalog import TextTokenizer
 from resq.cli import main
@@ -224,6 +224,23 @@ def test_the_response_echoes_what_was_asked() -> None:
         ),
         ({"tool_choice": "sometimes"}, "tool_choice", "invalid_value"),
         ({"input": [{"role": "user", "content": "x"}] * (MAX_INPUT_ITEMS + 1)}, "input", "invalid_value"),
+        (
+            {
+                "input": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "input_text", "text": "a"}] * (MAX_CONTENT_PARTS + 1),
+                    }
+                ]
+            },
+            "input",
+            "invalid_value",
+        ),
+        (
+            {"tools": [{"type": "function", "name": f"f{index}"} for index in range(MAX_TOOLS + 1)]},
+            "tools",
+            "invalid_value",
+        ),
     ],
 )
 def test_refused_fields_name_their_parameter(fields: dict[str, Any], param: str, code: str) -> None:
