@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from api.caller import Caller
+from api.conversations import check_item_id
 from api.errors import OpenAIError, invalid_value
 from api.generation_plan import GenerationPlan, plan_generation
 from api.input_items import duplicate_id, normalise_input
@@ -161,6 +162,10 @@ async def gather_items(
             state, await state.conversations.prompt_items(conversation_id, caller), caller
         )
         _check_unique_ids(own, history)
+        for index, item in enumerate(own):
+            # They join the conversation: ids the item routes could not address are refused,
+            # as when they are added there directly.
+            check_item_id(str(item.get("id", "")), f"input[{index}].id")
         return check_outputs_answer_calls(RequestItems(own, [*history, *own], conversation_id))
     _check_unique_ids(own, [])
     return check_outputs_answer_calls(RequestItems(own, own))

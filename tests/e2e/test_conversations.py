@@ -212,6 +212,24 @@ def test_an_item_id_with_a_slash_is_addressable_and_dot_ids_are_refused(stack: S
         assert answer.status_code == 400, answer.text
 
 
+@pytest.mark.parametrize("item_id", ["..", "a b", "x" * 300, "\x85x"])
+def test_a_response_input_id_the_item_routes_could_not_address_is_refused_in_a_conversation(
+    client: OpenAI, item_id: str
+) -> None:
+    """A response's input joins its conversation: an id refused when added directly was stored
+    that way, then no item route could read or delete it (and ``..`` made a client's item delete
+    a delete of the conversation)."""
+    conversation = client.conversations.create()
+    with pytest.raises(BadRequestError) as caught:
+        client.responses.create(
+            model=MODEL,
+            conversation=conversation.id,
+            input=[{"role": "user", "content": "Say hello.", "id": item_id}],  # type: ignore[list-item]
+        )
+    assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "input[0].id"
+    assert client.conversations.items.list(conversation.id).data == []
+
+
 def test_a_sealed_item_that_does_not_open_is_refused_when_added(client: OpenAI) -> None:
     """Added, a blob another server or key sealed made every later response of the conversation a
     400 naming an input item the request did not have."""
