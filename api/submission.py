@@ -375,6 +375,7 @@ async def accept(
         presence_penalty=request.presence_penalty or 0.0,
         frequency_penalty=request.frequency_penalty or 0.0,
         seed=chat.seed if chat is not None else None,
+        cache_owner=caller.owner,
     )
 
     created_json = jsonutil.dumps(created)

@@ -280,6 +280,7 @@ class Engine:
                 self.seeds.add(request_id, job.seed, len(generated or []))
             else:  # best effort, as OpenAI's: the draw comes from the engine's shared stream
                 log.info("seed of %s not applied: this engine's step is not eager", request_id)
+        prefix_cache.salt(request_id, job.cache_owner)
         if job.temperature < GREEDY_BELOW_TEMPERATURE:
             sampling: dict[str, Any] = {"temperature": 1.0, "top_k": 1, "top_p": 1.0}
         else:

@@ -1,4 +1,5 @@
-"""Prefix caching: how many prompt tokens the engine reused, as the engine itself decided.
+"""Prefix caching: how many prompt tokens the engine reused, as the engine itself decided, and
+whose blocks a request may reuse.
 
 transformers' paged cache shares the KV blocks of a prompt prefix another request already
 computed (``allow_block_sharing``, on unless ``RESQ_PREFIX_CACHING=false``): when the
@@ -7,32 +8,84 @@ number of prompt tokens whose blocks it shares instead of computing them. resq r
 number per engine request (wrapping the method once per process) and reports it as
 ``usage.input_tokens_details.cached_tokens``; nothing is estimated. A model whose cache
 cannot share blocks (sliding-window or hybrid attention) matches nothing: 0.
+
+Blocks are shared within one API key only. A block's hash chains to its parent's from the
+prompt's first block, so resq salts the chain's root with the request's owner (the caller's
+key fingerprint, :func:`salt`), as vLLM's ``cache_salt`` does: a request of another key
+computes different hashes for the same tokens and matches none of those blocks. Without the
+salt, ``cached_tokens`` (and the first token's time) told a key whether another key had sent
+a given prompt, one page at a time. Requests of no key (auth off) share one space, as before.
+The engine thread is the only one that matches and registers blocks, so the salt of the
+request being matched or registered is one module variable, set around those two calls.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
 from transformers.generation.continuous_batching.cache import PagedAttentionCache
+from transformers.generation.continuous_batching.cache_allocators import cache_allocator
 
 _MARK = "_resq_records_prefix_hits"
 _hits: dict[str, int] = {}
 """Engine request id -> prompt tokens reused at its admission (written by the engine thread)."""
+_salts: dict[str, int] = {}
+"""Engine request id -> the root of its block hashes (requests with an owner only)."""
+_current_salt: int | None = None
+"""The salt of the request whose blocks the engine thread is matching or registering now."""
+
+
+def _salted(compute: Callable[[int | None, list[int]], int]) -> Callable[[int | None, list[int]], int]:
+    def compute_block_hash(parent_hash: int | None, tokens: list[int]) -> int:
+        if parent_hash is None:  # the prompt's first block: its chain starts at the owner's salt
+            parent_hash = _current_salt
+        return compute(parent_hash, tokens)
+
+    return compute_block_hash
 
 
 def install() -> None:
-    """Record every prefix match of this process's engines (idempotent)."""
+    """Record every prefix match of this process's engines, and salt block hashes by owner
+    (idempotent)."""
     current = PagedAttentionCache.search_prefix_match
     if getattr(current, _MARK, False):
         return
+    mark_complete = PagedAttentionCache.mark_complete_blocks
 
     def search_prefix_match(self: PagedAttentionCache, request_id: str, prompt_ids: list[int]) -> int:
-        matched: int = current(self, request_id, prompt_ids)
+        global _current_salt
+        _current_salt = _salts.get(request_id)
+        try:
+            matched: int = current(self, request_id, prompt_ids)
+        finally:
+            _current_salt = None
         # A request is matched when it is first scheduled; should it ever be matched again, the
         # first figure is the one its prompt got.
         _hits.setdefault(request_id, matched)
         return matched
 
+    def mark_complete_blocks(self: PagedAttentionCache, state: Any, complete_blocks: dict[str, int]) -> None:
+        global _current_salt
+        _current_salt = _salts.get(state.request_id)
+        try:
+            mark_complete(self, state, complete_blocks)
+        finally:
+            _current_salt = None
+
     setattr(search_prefix_match, _MARK, True)
     PagedAttentionCache.search_prefix_match = search_prefix_match  # type: ignore[method-assign]
+    PagedAttentionCache.mark_complete_blocks = mark_complete_blocks  # type: ignore[method-assign]
+    # Both callers look the function up in their module at each call.
+    cache_allocator.compute_block_hash = _salted(cache_allocator.compute_block_hash)  # type: ignore[assignment]
+
+
+def salt(request_id: str, owner: str) -> None:
+    """Hash ``request_id``'s blocks in ``owner``'s space (no owner: the shared one)."""
+    if owner:
+        digest = hashlib.blake2b(owner.encode(), digest_size=8, person=b"resq-prefix").digest()
+        _salts[request_id] = int.from_bytes(digest, "little")
 
 
 def reused(request_id: str) -> int:
@@ -43,3 +96,4 @@ def reused(request_id: str) -> int:
 def forget(request_id: str) -> None:
     """Drop what was recorded for a request that ended."""
     _hits.pop(request_id, None)
+    _salts.pop(request_id, None)

@@ -52,6 +52,9 @@ class GenerationJob(BaseModel):
     """The request's sampling seed (:mod:`gpu_worker.seeds`); None: the engine's shared stream."""
     affinity_keys: list[str] = Field(default_factory=list)
     """The affinity keys the GPU worker that claims this job sets to itself (:mod:`resq.affinity`)."""
+    cache_owner: str = ""
+    """The caller's key fingerprint: the engine shares prompt blocks only among its requests
+    (:mod:`gpu_worker.prefix_cache`); empty without auth."""
 
 
 @dataclass(frozen=True, slots=True)

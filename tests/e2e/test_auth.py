@@ -10,6 +10,7 @@ tests/unit/test_auth.py), so the parametrised two-mode ``stack`` would only doub
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -376,6 +377,25 @@ def test_items_and_sealed_reasoning_are_the_owners_alone(auth_stack: Stack) -> N
         bob.responses.create(model=MODEL, input=echoed)  # type: ignore[arg-type]
     assert isinstance(sealed.value.body, dict) and sealed.value.body["param"] == "input[1].encrypted_content"
     assert alice.responses.create(model=MODEL, input=echoed, max_output_tokens=4).status  # type: ignore[arg-type]
+
+
+def test_a_key_cannot_learn_from_the_prompt_cache_what_another_key_sent(auth_stack: Stack) -> None:
+    """The engine shares prompt blocks within one key: another key's same prompt is computed anew,
+    and its ``cached_tokens`` say 0 (they once said how much of the other key's prompt it had
+    guessed, a page at a time)."""
+    nonce = secrets.token_hex(4)
+    secret = f"Notes {nonce}: " + " ".join(f"entry{index} is {index * 7}" for index in range(60))
+
+    def cached(api_key: str) -> int:
+        response = sdk(auth_stack, api_key).responses.create(
+            model=MODEL, instructions=secret, input="Say hello.", max_output_tokens=4
+        )
+        assert response.usage is not None
+        return response.usage.input_tokens_details.cached_tokens
+
+    assert cached(KEY_A) == 0
+    assert cached(KEY_B) == 0
+    assert cached(KEY_A) > 0  # the key's own next turn still hits
 
 
 def test_a_key_over_its_rate_limit_gets_429_then_recovers(auth_stack: Stack) -> None:

@@ -44,10 +44,10 @@ def caching(loaded: LoadedModel) -> Iterator[Engine]:
         engine.stop()
 
 
-def reused_by(engine: Engine, request_id: str, prompt_ids: list[int]) -> int:
-    """Generate 4 tokens of ``prompt_ids``; the prompt tokens the engine reported reused."""
+def reused_by(engine: Engine, request_id: str, prompt_ids: list[int], owner: str = "") -> int:
+    """Generate 4 tokens of ``prompt_ids`` for ``owner``; the prompt tokens the engine reported reused."""
     assert engine.acquire_slot(5)
-    engine.add(greedy_job(request_id, prompt_ids, 4))
+    engine.add(greedy_job(request_id, prompt_ids, 4, cache_owner=owner))
     deadline = time.monotonic() + 120
     try:
         while time.monotonic() < deadline:
@@ -74,6 +74,16 @@ def test_a_shared_prefix_is_reused_in_whole_pages(caching: Engine, loaded: Loade
     assert reused % PAGE == 0 and (common // PAGE - 1) * PAGE <= reused <= common < len(second)
     # Forgotten with the request.
     assert caching.cached_tokens("resp_second") == 0
+
+
+def test_blocks_are_shared_within_one_key_only(caching: Engine, loaded: LoadedModel) -> None:
+    """Another key's hit told it that a prompt of this key's had been sent, a page at a time."""
+    secret = chat_prompt_ids(loaded, "Private notes: " + " ".join(f"secret{index}" for index in range(60)))
+    assert reused_by(caching, "resp_alice", secret, owner="alice") == 0
+    assert reused_by(caching, "resp_mallory", secret, owner="mallory") == 0
+    assert reused_by(caching, "resp_no_key", secret) == 0  # no key: its own space too
+    again = reused_by(caching, "resp_alice_again", secret, owner="alice")
+    assert again >= len(secret) - 2 * PAGE  # the key's own turns still hit
 
 
 def test_an_unrelated_prompt_reuses_nothing(caching: Engine, loaded: LoadedModel) -> None:
