@@ -8,6 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from api.chat import in_chat_terms
+from api.chat_schemas import ChatCompletionRequest
 from api.errors import OpenAIError, validation_error_to_openai
 from api.routes.socket import create_request
 from api.schemas import CreateResponseRequest
@@ -67,7 +68,10 @@ def test_an_error_of_a_translated_chat_request_names_the_chat_parameter(
     responses_param: str, chat_param: str
 ) -> None:
     # Raised by accept() about the translated request: a tool's or response_format's schema, the context.
+    chat = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    )
     error = in_chat_terms(
-        OpenAIError(400, "Invalid schema.", param=responses_param, code="invalid_json_schema")
+        OpenAIError(400, "Invalid schema.", param=responses_param, code="invalid_json_schema"), chat
     )
     assert (error.param, error.code, error.message) == (chat_param, "invalid_json_schema", "Invalid schema.")
