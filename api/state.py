@@ -27,7 +27,7 @@ from api.event_hub import EventHub
 from api.inline import InlinePostprocessor
 from api.rate_limit import RateLimiter
 from api.store import ResponseStore
-from resq import affinity
+from resq import affinity, keys
 from resq.catalog import AsyncModelCatalog
 from resq.celery_app import make_celery
 from resq.guarded_step import GuardedStep
@@ -217,10 +217,25 @@ class AppState:
             self.prompt_pool, functools.partial(context.run, function, *args, **kwargs)
         )
 
-    def stage_admission(self, pipe: AsyncPipeline, response_id: str) -> None:
+    def stage_admission(self, pipe: AsyncPipeline, response_id: str, owner: str) -> None:
         """Queue, first in the step that records a new response (:meth:`record_admitted`), the
-        count of its generation against ``RESQ_MAX_PENDING``: the step's guard."""
-        generations.admit(pipe, response_id, time.time(), self.settings.max_pending)
+        count of its generation against ``RESQ_MAX_PENDING``, and against the caller's share
+        (``RESQ_MAX_PENDING_PER_KEY``, when set and the caller has a key): the step's guard."""
+        settings = self.settings
+        generations.admit(
+            pipe,
+            response_id,
+            time.time(),
+            settings.max_pending,
+            owner,
+            settings.max_pending_per_key,
+            settings.transient_ttl_s,
+        )
+
+    async def cluster_full(self) -> bool:
+        """Whether ``RESQ_MAX_PENDING`` generations are listed (after a refused admission: was it
+        the cluster's bound or the caller's share?)."""
+        return int(await self.redis.zcard(keys.GENERATIONS)) >= self.settings.max_pending
 
     async def record_admitted(self, pipe: AsyncPipeline) -> bool:
         """Run the step that records a new response, behind its admission (queued first by

@@ -400,7 +400,7 @@ async def accept(
     try:
         pipe = state.redis.pipeline(transaction=True)
         # The step's guard: nothing below is written when the server is at capacity.
-        state.stage_admission(pipe, response_id)
+        state.stage_admission(pipe, response_id, caller.owner)
         state.stage_recovery(pipe, response_id)
         _stage_response(pipe, settings, new)
         generations.stage(pipe, job, ttl, int(time.time() * 1000))
@@ -410,6 +410,12 @@ async def accept(
         if opened is not None:
             opened.stage_wake(pipe)
         if not await state.record_admitted(pipe):
+            if settings.max_pending_per_key and caller.owner and not await state.cluster_full():
+                raise rate_limited(
+                    f"This API key has {settings.max_pending_per_key} generations queued or running, "
+                    "its share of the server; please retry once one ends.",
+                    RETRY_AFTER_S,
+                )
             raise rate_limited(
                 f"The server is at capacity ({settings.max_pending} generations queued or running); "
                 "please retry shortly.",

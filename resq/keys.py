@@ -136,6 +136,13 @@ def all_keys(response_id: str) -> tuple[str, ...]:
     )
 
 
+def pending_of(owner: str) -> str:
+    """Sorted set: the generations of ``owner`` (an API key's fingerprint) admitted and maybe still
+    in :data:`GENERATIONS` (``RESQ_MAX_PENDING_PER_KEY``; entries that left it are pruned at the
+    key's next admission)."""
+    return f"{PREFIX}:pending:{owner}"
+
+
 def _item_digest(item_id: str) -> str:
     # Hashed: a client chooses its input items' ids, of any length.
     return hashlib.blake2b(item_id.encode(), digest_size=16).hexdigest()

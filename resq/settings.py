@@ -194,6 +194,15 @@ class Settings(BaseSettings):
             "(`rate_limit_exceeded`) with `Retry-After`, instead of waiting in an unbounded queue."
         ),
     )
+    max_pending_per_key: int = Field(
+        0,
+        ge=0,
+        description=(
+            "Most generations one API key may have queued or running (0: no bound of its own, only "
+            "`RESQ_MAX_PENDING`); past it that key gets a 429 while others are still admitted, so one "
+            "key cannot take every slot. Applies only with `RESQ_API_KEYS`."
+        ),
+    )
     max_body_bytes: int = Field(
         8 * 1024 * 1024,
         ge=1024,

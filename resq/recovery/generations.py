@@ -205,12 +205,27 @@ return 1
 """
 
 ADMIT_LUA: Final = """
--- KEYS[1] the generations set; ARGV: response id, unix time, most generations listed.
--- Lists the response (as track does) only while fewer than the limit are: one script, so
--- the bound on queued plus running generations holds across every API process.
--- Returns 1 when listed, 0 when the set is full.
+-- KEYS[1] the generations set[, KEYS[2] the caller's own set]; ARGV: response id, unix time,
+-- most generations listed[, most of the caller's, the own set's TTL (s)].
+-- Lists the response (as track does) only while fewer than the limit are, and, given the
+-- caller's set, while fewer than the caller's limit of its generations are still listed:
+-- one script, so the bounds hold across every API process. The caller's set is pruned of
+-- generations that left the generations set (they ended), so nothing else maintains it.
+-- Returns 1 when listed, 0 when a bound is reached.
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then
   return 0
+end
+if KEYS[2] then
+  for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+    if not redis.call('ZSCORE', KEYS[1], member) then
+      redis.call('ZREM', KEYS[2], member)
+    end
+  end
+  if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[4]) then
+    return 0
+  end
+  redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+  redis.call('EXPIRE', KEYS[2], ARGV[5])
 end
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 return 1
@@ -315,14 +330,44 @@ def track(pipe: AnyPipeline, response_id: str, now_s: float) -> None:
     pipe.zadd(keys.GENERATIONS, {response_id: now_s})
 
 
-def admit(pipe: AnyPipeline, response_id: str, now_s: float, max_pending: int) -> None:
-    """Queue :func:`track` bounded by ``max_pending`` (``RESQ_MAX_PENDING``); its reply is 1 or 0.
+def admit(
+    pipe: AnyPipeline,
+    response_id: str,
+    now_s: float,
+    max_pending: int,
+    owner: str = "",
+    max_per_owner: int = 0,
+    owner_ttl_s: int = 3600,
+) -> None:
+    """Queue :func:`track` bounded by ``max_pending`` (``RESQ_MAX_PENDING``) and, given an
+    ``owner`` and ``max_per_owner`` (``RESQ_MAX_PENDING_PER_KEY``), by that owner's share; its
+    reply is 1 or 0.
 
     The set is the backpressure count and cannot leak: the GPU worker removes an entry
     when its job ends (finished, failed, cancelled), and the reaper removes entries
     whose job ended otherwise or whose response was deleted (see :mod:`resq.recovery.reaper`).
+    An owner's set follows it: what left the generations set leaves it at the owner's next
+    admission.
     """
+    if owner and max_per_owner > 0:
+        pipe.eval(
+            ADMIT_LUA,
+            2,
+            keys.GENERATIONS,
+            keys.pending_of(owner),
+            response_id,
+            repr(now_s),
+            max_pending,
+            max_per_owner,
+            owner_ttl_s,
+        )
+        return
     pipe.eval(ADMIT_LUA, 1, keys.GENERATIONS, response_id, repr(now_s), max_pending)
+
+
+def owner_pending(client: Any, owner: str) -> Any:
+    """How many of ``owner``'s admitted generations its set lists (an awaitable with an async client)."""
+    return client.zcard(keys.pending_of(owner))
 
 
 def _flatten(fields: StreamFields) -> list[EncodableT]:

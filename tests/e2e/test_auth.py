@@ -398,6 +398,39 @@ def test_a_key_cannot_learn_from_the_prompt_cache_what_another_key_sent(auth_sta
     assert cached(KEY_A) > 0  # the key's own next turn still hits
 
 
+def test_a_key_at_its_share_of_pending_generations_gets_429_while_others_are_admitted(
+    gpu_worker: RoleProcess, base_env: dict[str, str], log_dir: Path, tmp_path: Path
+) -> None:
+    """``RESQ_MAX_PENDING_PER_KEY=2``: one key's long generations once took every slot, and the
+    other keys got 429s or waited behind them in the queue."""
+    key_file = tmp_path / "api-keys"
+    key_file.write_text(f"{KEY_A}\n{KEY_B}\n")
+    env = {**base_env, "RESQ_API_KEYS": f"@{key_file}", "RESQ_MAX_PENDING_PER_KEY": "2"}
+    stack = start_stack(env, log_dir, 0, "per-key")
+    try:
+        alice, bob = sdk(stack, KEY_A), sdk(stack, KEY_B)
+        endless = {"model": MODEL, "input": "Repeat forever.", "temperature": 0, "max_output_tokens": 960}
+        running = [alice.responses.create(background=True, **endless).id for _ in range(2)]  # type: ignore[call-overload]
+        with pytest.raises(openai.RateLimitError) as caught:
+            alice.responses.create(model=MODEL, input="Say hello.", temperature=0)
+        assert (
+            isinstance(caught.value.body, dict)
+            and "This API key has 2 generations" in caught.value.body["message"]
+        )
+        assert caught.value.response.headers["retry-after"] == "1"
+        # The other key is admitted at once.
+        assert bob.responses.create(model=MODEL, input="Say hello.", temperature=0).output_text == (
+            scenario("hello").completion
+        )
+        for response_id in running:
+            alice.responses.cancel(response_id)
+        # Once one of hers ends, she is admitted again.
+        answer = alice.responses.create(model=MODEL, input="Say hello.", temperature=0)
+        assert answer.output_text == scenario("hello").completion
+    finally:
+        stack.group.stop_all()
+
+
 def test_a_key_over_its_rate_limit_gets_429_then_recovers(auth_stack: Stack) -> None:
     carol = sdk(auth_stack, KEY_C)
     limited: openai.RateLimitError | None = None

@@ -24,7 +24,7 @@ def _stage(pipe: Pipeline, limit: int) -> None:
     """A step like the API's: the admission first, then a lease, a record, an event log, a
     turn continuing another (its script refreshes the ancestors), its input's item index, a
     message, a wake-up."""
-    generations.admit(pipe, RESPONSE, 1_700_000_000.5, limit)
+    generations.admit(pipe, RESPONSE, 1_700_000_000.5, limit, "owner", 3)
     register_lease(pipe, RESPONSE, 30.0)
     pipe.hset(keys.record(RESPONSE), mapping={"status": "in_progress", "store": "1", "n": 7})
     pipe.expire(keys.record(RESPONSE), 600)

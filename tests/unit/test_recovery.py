@@ -548,10 +548,32 @@ def test_listed_generations_that_vanished_or_ended_are_dropped(
 # --- backpressure: admission into the generations set ---------------------------------------------
 
 
-def admit(r: redis.Redis, response_id: str, limit: int, at: float = 0.0) -> int:
+def admit(
+    r: redis.Redis, response_id: str, limit: int, at: float = 0.0, owner: str = "", share: int = 0
+) -> int:
     pipe = r.pipeline(transaction=False)
-    generations.admit(pipe, response_id, at or time.time(), limit)
+    generations.admit(pipe, response_id, at or time.time(), limit, owner, share)
     return int(pipe.execute()[0])
+
+
+def test_a_keys_share_bounds_its_own_generations_only_and_frees_as_they_end(r: redis.Redis) -> None:
+    """One key filled every slot with long jobs, and another key's requests waited behind them or
+    got 429s: with a share, the first key is refused at its share, the others are still admitted."""
+    alice = [f"resp_a{index:031x}" for index in range(3)]
+    bob = [f"resp_b{index:031x}" for index in range(2)]
+    assert [admit(r, rid, 10, owner="alice", share=2) for rid in alice] == [1, 1, 0]
+    assert [admit(r, rid, 10, owner="bob", share=2) for rid in bob] == [1, 1]
+    assert r.zscore(keys.GENERATIONS, alice[2]) is None  # refused: listed nowhere
+    assert r.zcard(keys.pending_of("alice")) == 2 and r.ttl(keys.pending_of("alice")) > 0
+    # Without a key (or without a share) only the cluster's bound counts.
+    assert admit(r, "resp_" + "c" * 32, 10) == 1
+    # One of alice's ends (its entry leaves the generations set): her next admission prunes it.
+    Generations(r, TTL_S).forget(alice[0])
+    assert admit(r, alice[2], 10, owner="alice", share=2) == 1
+    assert set(r.zrange(keys.pending_of("alice"), 0, -1)) == {alice[1].encode(), alice[2].encode()}
+    # The cluster's bound still holds for everyone.
+    assert r.zcard(keys.GENERATIONS) == 5
+    assert admit(r, "resp_" + "d" * 32, 5, owner="carol", share=2) == 0
 
 
 def test_admission_is_bounded_and_frees_as_generations_end(r: redis.Redis) -> None:
