@@ -521,40 +521,21 @@ def test_a_custom_tool_call_and_its_output_go_back_into_the_conversation(tiny_st
 
 
 @pytest.mark.parametrize(
-    ("format_", "param", "code"),
+    ("syntax", "definition"),
     [
-        (
-            {"type": "grammar", "syntax": "regex", "definition": "(unclosed"},
-            "tools[0].format.definition",
-            "invalid_value",
-        ),
-        (
-            {"type": "grammar", "syntax": "lark", "definition": "start: undefined_rule"},
-            "tools[0].format.definition",
-            "invalid_value",
-        ),
+        ("regex", "(unclosed"),
+        ("lark", "start: undefined_rule"),
         # llguidance's token and grammar references reach outside the tool's own text.
-        (
-            {"type": "grammar", "syntax": "lark", "definition": 'start: <[0]> "a"'},
-            "tools[0].format.definition",
-            "invalid_value",
-        ),
-        (
-            {"type": "grammar", "syntax": "lark", "definition": "start: @tool_0"},
-            "tools[0].format.definition",
-            "invalid_value",
-        ),
+        ("lark", 'start: <[0]> "a"'),
+        ("lark", "start: @tool_0"),
         # Valid once wrapped (^(?:[0-9]+)|(.*)$ matches anything): checked before the wrapping.
-        (
-            {"type": "grammar", "syntax": "regex", "definition": "[0-9]+)|(.*"},
-            "tools[0].format.definition",
-            "invalid_value",
-        ),
+        ("regex", "[0-9]+)|(.*"),
     ],
 )
 def test_a_custom_tool_grammar_that_cannot_constrain_is_a_400(
-    tiny_stack: Stack, format_: dict[str, Any], param: str, code: str
+    tiny_stack: Stack, syntax: str, definition: str
 ) -> None:
+    format_ = {"type": "grammar", "syntax": syntax, "definition": definition}
     with pytest.raises(openai.BadRequestError) as caught:
         tiny_stack.client().responses.create(
             model=TINY,
@@ -562,10 +543,11 @@ def test_a_custom_tool_grammar_that_cannot_constrain_is_a_400(
             tools=[{**CODE_TOOL, "format": format_}],  # type: ignore[list-item]
         )
     body = caught.value.body
-    assert isinstance(body, dict) and body["param"] == param and body["code"] == code, body
+    assert isinstance(body, dict), body
+    assert (body["param"], body["code"]) == ("tools[0].format.definition", "invalid_value"), body
     # One sentence that says why, not the first line of llguidance's report.
     assert body["message"].endswith(".") and not body["message"].endswith(":."), body
-    if format_["syntax"] == "regex":
+    if syntax == "regex":
         assert "group" in body["message"], body
 
 
