@@ -422,32 +422,29 @@ QUOTING_PARAMETERS: dict[str, Any] = {
 """Arguments that quote the chat format: random weights, greedy, write "</tool_call>" in them."""
 
 
-def test_a_strict_call_whose_arguments_quote_the_close_tag_is_one_call(tiny_stack: Stack) -> None:
-    """The grammar makes a call's JSON well-formed, so a close tag inside its strings is text of
-    the arguments (it once ended the block: the call came back as markup text, or not at all)."""
-    response = tiny_stack.client().responses.create(
+def forced_quoting_call(stack: Stack, **fields: Any) -> Any:
+    """A greedy, forced call of a strict function whose arguments quote the close tag."""
+    return stack.client().responses.create(
         model=TINY,
         input="Go.",
         temperature=0,
         tools=[{"type": "function", "name": "f", "parameters": QUOTING_PARAMETERS, "strict": True}],
         tool_choice="required",
-        parallel_tool_calls=False,
-        max_output_tokens=200,
+        **fields,
     )
+
+
+def test_a_strict_call_whose_arguments_quote_the_close_tag_is_one_call(tiny_stack: Stack) -> None:
+    """The grammar makes a call's JSON well-formed, so a close tag inside its strings is text of
+    the arguments (it once ended the block: the call came back as markup text, or not at all)."""
+    response = forced_quoting_call(tiny_stack, parallel_tool_calls=False, max_output_tokens=200)
     calls = [item for item in response.output if item.type == "function_call"]
     assert response.status == "completed" and len(calls) == 1 and response.output_text == "", response.output
     assert follows(calls[0].arguments, QUOTING_PARAMETERS) and "</tool_call>" in calls[0].arguments
 
 
 def test_a_strict_call_cut_by_max_output_tokens_leaves_no_markup(tiny_stack: Stack) -> None:
-    response = tiny_stack.client().responses.create(
-        model=TINY,
-        input="Go.",
-        temperature=0,
-        tools=[{"type": "function", "name": "f", "parameters": QUOTING_PARAMETERS, "strict": True}],
-        tool_choice="required",
-        max_output_tokens=12,
-    )
+    response = forced_quoting_call(tiny_stack, max_output_tokens=12)
     assert response.status == "incomplete", response
     assert response.output_text == "" and [item.type for item in response.output] == [], response.output
 
