@@ -20,6 +20,7 @@ from resq.events import types
 from resq.events.builders import Event, ItemStatus
 from resq.postprocess.segments import (
     CustomToolCallSegment,
+    ReasoningEnd,
     ReasoningSegment,
     Segment,
     TextSegment,
@@ -70,6 +71,13 @@ class OutputAssembler:
             return self._append_text("message", segment.text, segment.logprobs)
         if isinstance(segment, ReasoningSegment):
             return self._append_text("reasoning", segment.text, [])
+        if isinstance(segment, ReasoningEnd):
+            open_item = self._open
+            return (
+                self._close_open("completed")
+                if open_item is not None and open_item.kind == "reasoning"
+                else []
+            )
         if isinstance(segment, CustomToolCallSegment):
             return self._custom_tool_call(segment)
         return self._function_call(segment)

@@ -32,6 +32,13 @@ class ReasoningSegment:
 
 
 @dataclass(frozen=True, slots=True)
+class ReasoningEnd:
+    """A reasoning block closed (its closing tag was generated): its item is complete, whatever
+    comes next. Without it the item stayed open until answer text arrived, so a limit that cut
+    the whitespace after ``</think>`` closed whole reasoning as ``incomplete``."""
+
+
+@dataclass(frozen=True, slots=True)
 class ToolCallSegment:
     """One complete, valid function call; ``arguments`` is a JSON object as text."""
 
@@ -47,7 +54,7 @@ class CustomToolCallSegment:
     input: str
 
 
-Segment = TextSegment | ReasoningSegment | ToolCallSegment | CustomToolCallSegment
+Segment = TextSegment | ReasoningSegment | ReasoningEnd | ToolCallSegment | CustomToolCallSegment
 
 
 def joined(segments: Iterable[Segment]) -> list[Segment]:

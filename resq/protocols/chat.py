@@ -23,6 +23,7 @@ from resq.events.emitter import EncodedEvent, EventEmitter
 from resq.options import ProcessingOptions
 from resq.postprocess.segments import (
     CustomToolCallSegment,
+    ReasoningEnd,
     ReasoningSegment,
     Segment,
     TextSegment,
@@ -110,6 +111,8 @@ class ChatProtocol:
             self._token_logprobs += segment.logprobs
             logprobs = {"content": segment.logprobs, "refusal": None} if self._logprobs else None
             return [self._chunk({"content": segment.text}, logprobs=logprobs)]
+        if isinstance(segment, ReasoningEnd):
+            return []  # a chat message's reasoning_content has no item to close
         if isinstance(segment, ReasoningSegment):
             if not segment.text:
                 return []

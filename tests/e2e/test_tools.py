@@ -104,6 +104,26 @@ def test_reasoning_comes_before_the_message(client: OpenAI) -> None:
     assert without_ids(plain) == without_ids(final) and plain["usage"] == final["usage"]
 
 
+def test_reasoning_whose_close_tag_came_is_complete_when_the_limit_cuts_right_after_it(
+    client: OpenAI,
+) -> None:
+    """The limit lands on the whitespace after </think>: the reasoning is whole. Its item stayed
+    open until answer text came, and was closed incomplete."""
+    whole = create(client, input="What is 2+2? Think first.", temperature=0)
+    reasoning_tokens = whole["usage"]["output_tokens_details"]["reasoning_tokens"]
+    for limit in (reasoning_tokens, reasoning_tokens + 1, reasoning_tokens + 2):
+        cut = create(client, input="What is 2+2? Think first.", temperature=0, max_output_tokens=limit)
+        assert cut["status"] == "incomplete"
+        reasoning = cut["output"][0]
+        assert reasoning["type"] == "reasoning", cut["output"]
+        if reasoning["content"][0]["text"] == "Two plus two equals four.":
+            assert reasoning["status"] == "completed", (limit, cut["output"])
+    last = create(
+        client, input="What is 2+2? Think first.", temperature=0, max_output_tokens=reasoning_tokens + 2
+    )
+    assert last["output"][0]["status"] == "completed"
+
+
 def test_reasoning_effort_is_echoed_and_none_is_refused_without_a_template_switch(client: OpenAI) -> None:
     final = create(client, input="What is 2+2? Think first.", temperature=0, reasoning={"effort": "high"})
     assert final["reasoning"]["effort"] == "high"

@@ -13,7 +13,7 @@ from resq.events import builders as build
 from resq.events import types
 from resq.events.assembler import OutputAssembler
 from resq.events.emitter import EventEmitter
-from resq.postprocess.segments import ReasoningSegment, TextSegment, ToolCallSegment
+from resq.postprocess.segments import ReasoningEnd, ReasoningSegment, TextSegment, ToolCallSegment
 from tests.support.invariants import check_stream
 
 EVENT = TypeAdapter(ResponseStreamEvent)
@@ -157,6 +157,20 @@ def test_length_limit_closes_the_open_item_as_incomplete() -> None:
     events, items = run_assembler([TextSegment("partial")], close="incomplete")
     assert items[0]["status"] == "incomplete"
     assert events[-1]["type"] == types.OUTPUT_ITEM_DONE and events[-1]["item"]["status"] == "incomplete"
+
+
+def test_reasoning_whose_block_closed_is_complete_when_the_limit_cuts_what_follows() -> None:
+    """The limit cut the whitespace after </think>: the reasoning is whole (it was once closed
+    incomplete, since its item stayed open until answer text came)."""
+    events, items = run_assembler([ReasoningSegment("Two plus two."), ReasoningEnd()], close="incomplete")
+    assert [item["status"] for item in items] == ["completed"]
+    _, cut_items = run_assembler(
+        [ReasoningSegment("Two plus"), ReasoningEnd(), TextSegment("Th")], close="incomplete"
+    )
+    assert [item["status"] for item in cut_items] == ["completed", "incomplete"]
+    _, unclosed_items = run_assembler([ReasoningSegment("Two plus")], close="incomplete")
+    assert [item["status"] for item in unclosed_items] == ["incomplete"]
+    check_stream(with_envelope(events, items))
 
 
 def test_item_ids_depend_only_on_response_and_position() -> None:

@@ -38,7 +38,7 @@ from resq.postprocess.parsers import (
 from resq.postprocess.parsers.hermes import parse_call
 from resq.postprocess.parsers.markup import partial_tag_length
 from resq.postprocess.processor import ResponseProcessor
-from resq.postprocess.segments import ReasoningSegment, Segment, TextSegment, ToolCallSegment
+from resq.postprocess.segments import ReasoningEnd, ReasoningSegment, Segment, TextSegment, ToolCallSegment
 from resq.protocols import responses as processor_module
 from resq.wire import FinishEntry, StartEntry, TokensEntry
 
@@ -80,6 +80,8 @@ def merge(segments: Iterable[Segment]) -> list[Piece]:
     """Segments with adjacent text of the same kind joined (what the assembler makes of them)."""
     pieces: list[Piece] = []
     for segment in segments:
+        if isinstance(segment, ReasoningEnd):
+            continue  # where blocks end: checked by test_a_closed_block_is_followed_by_its_end
         if isinstance(segment, ToolCallSegment):
             pieces.append(("call", segment.name, segment.arguments))
             continue
@@ -194,6 +196,24 @@ def test_under_a_grammar_tags_in_the_answer_are_text(reasoning: str) -> None:
     assert parse(answer, options("qwen3", constrained=True)) == [("text", answer)]
 
 
+@pytest.mark.parametrize("reasoning", ["qwen3", "deepseek_r1"])
+def test_a_closed_block_is_followed_by_its_end(reasoning: str) -> None:
+    """The end comes with the closing tag, before any answer (whatever the chunking), so that the
+    reasoning item is complete even when the output is cut right after the tag."""
+    opening = "<think>" if reasoning == "qwen3" else ""
+    text = opening + "Two plus two.\n</think>\n\n"
+    for cuts in ([], range(len(text))):
+        segments = run(make_parser(options(reasoning)), split(text, cuts)).fed
+        flat = [segment for fed in segments for segment in fed]
+        assert [type(segment) for segment in flat if not isinstance(segment, ReasoningSegment)] == [
+            ReasoningEnd
+        ]
+        assert isinstance(flat[-1], ReasoningEnd)
+    # An unclosed block (cut inside it) has no end.
+    unclosed = run(make_parser(options(reasoning)), [opening + "Two plus"])
+    assert not any(isinstance(segment, ReasoningEnd) for segment in [*unclosed.fed[0], *unclosed.finished])
+
+
 def test_reasoning_cut_off_ends_with_the_output() -> None:
     assert parse("<think>\nstill thinking \n", options("qwen3")) == [("reasoning", "still thinking")]
 
@@ -211,7 +231,7 @@ def test_reasoning_streams_promptly_and_holds_only_possible_tags() -> None:
     assert parser.feed("nk>\nStep one.") == [ReasoningSegment("Step one.")]
     assert parser.in_reasoning
     assert parser.feed(" Step two.\n</") == [ReasoningSegment(" Step two.")]
-    assert parser.feed("think>\n\nDone") == [TextSegment("Done")]
+    assert parser.feed("think>\n\nDone") == [ReasoningEnd(), TextSegment("Done")]
     assert not parser.in_reasoning
     assert parser.finish() == []
 
@@ -505,14 +525,14 @@ def check_run(case: Case, chunks: list[str], reference: Run) -> None:
     tags = watched_tags(case.opts)
     for segments in result.fed:
         for segment in segments:
-            if isinstance(segment, ToolCallSegment):
+            if isinstance(segment, ToolCallSegment | ReasoningEnd):
                 continue
             assert segment.text, "empty segment"
             # Tool calls are only looked for in the answer, never in reasoning.
             watched = THINK_TAGS if isinstance(segment, ReasoningSegment) else tags
             assert partial_tag_length(segment.text, watched) == 0, f"partial markup leaked: {segment!r}"
     for segment in itertools.chain(*result.fed, result.finished):
-        if isinstance(segment, ToolCallSegment):
+        if isinstance(segment, ToolCallSegment | ReasoningEnd):
             continue
         if isinstance(segment, TextSegment):
             # Every text segment is the slice of the output it says it is (logprobs rely on it).

@@ -43,6 +43,12 @@ Stray tags
     come first (the grammar says so), and once the answer has started every tag is text:
     a JSON string holding ``"<think>"`` stays in the JSON.
 
+Block ends
+    A ``</think>`` that closes a block is followed by a :class:`ReasoningEnd`, so the
+    reasoning item is complete as soon as its closing tag is generated (a limit that
+    then cuts the answer leaves it ``completed``). An empty block, or the closing tag
+    that opens the output, adds nothing to close.
+
 Held-back text
     Trailing whitespace of reasoning is held until more reasoning follows (then it
     is released) or the block ends (then it is dropped); a tail that may be the start
@@ -61,7 +67,7 @@ from collections import deque
 from enum import Enum
 
 from resq.postprocess.parsers.markup import find_first_tag, partial_tag_length, split_leading_whitespace
-from resq.postprocess.segments import ReasoningSegment, Segment, TextSegment
+from resq.postprocess.segments import ReasoningEnd, ReasoningSegment, Segment, TextSegment
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -166,6 +172,7 @@ class ReasoningParser:
             self._end_block()
             self._mode = _Mode.ANSWER
             self._strip_answer = True
+            out.append(ReasoningEnd())
         elif self._mode is _Mode.ANSWER and tag == THINK_OPEN:
             self._mode = _Mode.REASONING
         # The other two cases are stray tags: dropped, the mode stays.
