@@ -12,10 +12,14 @@ Every option is either enforced or refused with a 400 naming it; none is ignored
   constrains the message, the answer is constrained by a grammar
   (:mod:`resq.grammars`): the JSON or calls in the tool parser's envelope, strict
   functions' arguments following their ``parameters`` (any object for the others),
-  and for a forced choice nothing but calls. Otherwise a forced choice
-  prefills the assistant turn with the opening of a call, so the model can only
-  go on with one (the prefill is part of the answer: the post-processor parses it
-  as output); ``auto`` leaves the answer free.
+  and for a forced choice nothing but calls. A forced choice is such a grammar
+  too wherever the GPU worker constrains decoding (``RESQ_STRUCTURED_OUTPUTS``, on
+  by default): a name among those it allows, any object for a tool that is not
+  strict. Only a GPU worker that does not constrain decoding gets the old
+  enforcement: the assistant turn prefilled with the opening of a call (the
+  prefill is part of the answer: the post-processor parses it as output), which
+  a model may still leave with something that is no call. ``auto`` leaves the
+  answer free.
 - ``namespace`` tools are flattened: each function or custom tool inside is offered as
   ``<namespace>:<name>`` (``:`` cannot occur in a declared name, so nothing collides);
   its calls come back with ``namespace`` and ``name`` apart.
@@ -222,12 +226,22 @@ def _callable(tool: OfferedTool) -> CallableFunction:
 
 
 def _constrained_calls(
-    request: CreateResponseRequest, functions: list[OfferedTool], tool_parser: str, forcing: bool
+    request: CreateResponseRequest,
+    functions: list[OfferedTool],
+    tool_parser: str,
+    forcing: bool,
+    constrain_forced: bool,
 ) -> CallsShape | None:
-    """The calls' grammar when some tool constrains its calls, or ``text.format`` constrains the
-    answer (its grammar must then leave room for calls, of non-strict tools too); None: calls
+    """The calls' grammar when some tool constrains its calls, ``text.format`` constrains the
+    answer (its grammar must then leave room for calls, of non-strict tools too), or the choice
+    forces a call and the GPU worker constrains decoding (``constrain_forced``); None: calls
     stay unconstrained."""
-    if answer_schema(request) is None and not any(_constrains(tool) for tool in functions):
+    constrained = (
+        (forcing and constrain_forced)
+        or answer_schema(request) is not None
+        or any(_constrains(tool) for tool in functions)
+    )
+    if not constrained:
         return None
     offered = functions
     if forcing:
@@ -271,8 +285,15 @@ def plan_tools(
     tool_parser: str | None,
     reasoning_parser: str | None,
     refuse_hosted: bool = False,
+    constrain_forced: bool = False,
 ) -> GenerationPlan:
-    """The tool part of the plan (400 for what cannot be honoured)."""
+    """The tool part of the plan (400 for what cannot be honoured).
+
+    ``constrain_forced``: the GPU worker constrains decoding, so a forced choice is a grammar of
+    calls (a name among those allowed, any object for a tool that is not strict) rather than a
+    prefilled opening the model may still leave: prefilled, a model that wrote no JSON object
+    after it answered "completed" with the call's markup as its text and no call.
+    """
     if refuse_hosted:
         _refuse_hosted(request)
     names = [tool.name for tool in _all_offerable(request)]
@@ -303,7 +324,7 @@ def plan_tools(
             "function calls; send the request without tools, or with tool_choice 'none'.",
             "tools",
         )
-    calls = _constrained_calls(request, functions, tool_parser, forcing)
+    calls = _constrained_calls(request, functions, tool_parser, forcing, constrain_forced)
     forced_prefix = ""
     if forcing and calls is None:
         forced_prefix = forced_call_prefix(
@@ -394,7 +415,7 @@ def plan_generation(
     refuse_hosted: bool = False,
 ) -> GenerationPlan:
     """Everything the request asks of generation besides its messages."""
-    plan = plan_tools(request, tool_parser, reasoning_parser, refuse_hosted)
+    plan = plan_tools(request, tool_parser, reasoning_parser, refuse_hosted, card.structured_outputs)
     context = thinking_context(request, card, reasoning_parser)
     shape = answer_shape(request, plan, reasoning_parser, context)
     if shape is not None and not card.structured_outputs:

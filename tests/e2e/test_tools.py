@@ -227,46 +227,72 @@ def test_tool_choice_none_offers_no_tools(client: OpenAI) -> None:
     assert final["tool_choice"] == "none"
 
 
-def prefix_tokens(fixture_model_dir: Any, text: str) -> int:
-    tokenizer = Tokenizer.from_file(str(fixture_model_dir / "tokenizer.json"))
-    return len(tokenizer.encode(text, add_special_tokens=False).ids)
+@pytest.mark.parametrize(
+    "tool_choice", ["required", {"type": "function", "name": "get_weather"}], ids=["required", "named"]
+)
+def test_forced_calls_are_constrained_and_parsed_whole(client: OpenAI, tool_choice: Any) -> None:
+    """A forced choice is a grammar of calls (the GPU worker constrains decoding): the model writes
+    the call itself, so the usage is the free request's (no opening prefilled into the prompt)."""
+    free = create(client, input=WEATHER_PROMPT, tools=TOOLS, temperature=0)
+    _, forced = stream(client, input=WEATHER_PROMPT, tools=TOOLS, tool_choice=tool_choice, temperature=0)
+    assert calls(forced) == calls(free) == [("get_weather", {"city": "Paris"})]
+    assert forced["tool_choice"] == tool_choice
+    assert forced["usage"]["input_tokens"] == free["usage"]["input_tokens"]
+    assert forced["usage"]["output_tokens"] == free["usage"]["output_tokens"]
+
+
+NOT_STRICT_ANSWER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "name": "Answer",
+    "description": "Answer the question.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+"""LangChain's ``with_structured_output(method="function_calling")``: a tool the fixture never saw,
+not strict, forced by name."""
 
 
 @pytest.mark.parametrize(
-    ("tool_choice", "prefix"),
-    [
-        ("required", '<tool_call>\n{"name": "get_weather", "arguments":'),  # one tool: its name too
-        ({"type": "function", "name": "get_weather"}, '<tool_call>\n{"name": "get_weather", "arguments":'),
-    ],
-    ids=["required", "named"],
+    "tool_choice", ["required", {"type": "function", "name": "Answer"}], ids=["required", "named"]
 )
-def test_forced_calls_are_prefilled_and_parsed_whole(
-    client: OpenAI, fixture_model_dir: Any, tool_choice: Any, prefix: str
+def test_a_forced_tool_that_is_not_strict_always_comes_back_as_a_call(
+    client: OpenAI, tool_choice: Any
 ) -> None:
-    free = create(client, input=WEATHER_PROMPT, tools=TOOLS, temperature=0)
-    _, forced = stream(client, input=WEATHER_PROMPT, tools=TOOLS, tool_choice=tool_choice, temperature=0)
-    # The call comes back whole although its opening was part of the prompt, not sampled.
-    assert calls(forced) == calls(free) == [("get_weather", {"city": "Paris"})]
-    assert forced["tool_choice"] == tool_choice
-    forced_tokens = prefix_tokens(fixture_model_dir, prefix)
-    assert forced["usage"]["input_tokens"] == free["usage"]["input_tokens"] + forced_tokens
-    assert forced["usage"]["output_tokens"] == free["usage"]["output_tokens"] - forced_tokens
+    """Prefilled, a model that wrote no JSON object after the opening answered "completed" with the
+    call's markup as its text and no call (LangChain then returned None as the parsed answer)."""
+    response = create(
+        client,
+        input="Which city is the capital of France?",
+        tools=[NOT_STRICT_ANSWER_TOOL],
+        tool_choice=tool_choice,
+        parallel_tool_calls=False,
+        temperature=0,
+        max_output_tokens=200,
+    )
+    # The fixture never saw this tool: it may reason on until the limit (the grammar lets reasoning
+    # come first), but what it answers can only be the call.
+    assert "message" not in kinds(response) and "<tool_call>" not in output_text(response), response["output"]
+    answered = [item for item in response["output"] if item["type"] != "reasoning"]
+    if response["status"] == "completed":
+        assert [item["type"] for item in answered] == ["function_call"], response["output"]
+        assert answered[0]["name"] == "Answer" and isinstance(json.loads(answered[0]["arguments"]), dict)
+    else:
+        assert response["status"] == "incomplete" and answered == [], response["output"]
 
 
-def test_required_with_several_tools_forces_a_call_of_any(client: OpenAI, fixture_model_dir: Any) -> None:
+def test_required_with_several_tools_forces_a_call_of_any(client: OpenAI) -> None:
     two_tools = [*TOOLS, {"type": "function", "name": "get_time", "parameters": {"type": "object"}}]
-    # Two tools put the prompt outside what the fixture learnt: only the prompt is checked here.
-    request: dict[str, Any] = {
-        "input": WEATHER_PROMPT,
-        "tools": two_tools,
-        "temperature": 0,
-        "max_output_tokens": 20,
-    }
-    free = client.responses.create(model=MODEL, **request)
-    forced = client.responses.create(model=MODEL, tool_choice="required", **request)
-    assert free.usage is not None and forced.usage is not None
-    opening = prefix_tokens(fixture_model_dir, '<tool_call>\n{"name": "')
-    assert forced.usage.input_tokens == free.usage.input_tokens + opening
+    response = create(
+        client,
+        input=WEATHER_PROMPT,
+        tools=two_tools,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+        max_output_tokens=200,
+    )
+    # Two tools put the prompt outside what the fixture learnt: whatever it writes is a call.
+    assert kinds(response) == ["function_call"], response["output"]
+    assert response["output"][0]["name"] in ("get_weather", "get_time")
 
 
 def test_parallel_tool_calls_false_gives_one_call_and_stops(client: OpenAI) -> None:

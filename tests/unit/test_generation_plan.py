@@ -82,6 +82,19 @@ def test_required_opens_a_call_and_names_the_only_tool() -> None:
     assert only.forced_prefix == OPENING + 'get_weather", "arguments":'
 
 
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "get_weather"}])
+def test_where_decoding_is_constrained_a_forced_choice_is_a_grammar_of_calls(choice: Any) -> None:
+    """Not a prefill a model may leave: calls only, of the allowed names, any object for a tool
+    that is not strict."""
+    plan = plan_tools(
+        request(tools=[WEATHER, TIME], tool_choice=choice), "hermes", None, constrain_forced=True
+    )
+    assert plan.forced_prefix == "" and plan.calls is not None and plan.calls.required
+    names = [function.name for function in plan.calls.functions]
+    assert names == (["get_weather"] if isinstance(choice, dict) else ["get_weather", "get_time"])
+    assert all(function.arguments_schema == {"type": "object"} for function in plan.calls.functions)
+
+
 def test_a_named_function_is_prefilled_up_to_its_arguments() -> None:
     choice = {"type": "function", "name": "get_time"}
     plan = plan_tools(request(tools=[WEATHER, TIME], tool_choice=choice), "hermes", None)
