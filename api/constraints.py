@@ -21,7 +21,7 @@ from api.errors import OpenAIError, invalid_value
 from api.generation_plan import GenerationPlan, answer_schema, custom_input_schema
 from api.schemas import CreateResponseRequest, CustomTool, FunctionTool, NamespaceTool
 from resq.catalog import TextTokenizer
-from resq.grammars import GrammarError, build_grammar, check_grammar, schema_grammar
+from resq.grammars import GrammarError, build_grammar, check_grammar, regex_error, schema_grammar
 
 
 def _parts(request: CreateResponseRequest) -> Iterator[tuple[Callable[[], str], str, str, str]]:
@@ -75,12 +75,11 @@ def _check_regexes(request: CreateResponseRequest) -> None:
     (``^(?:...)$``, the whole input matches), and a wrapped ``a)|(.*`` compiles into a regex that
     matches anything: it must be checked before it is wrapped."""
     for path, tool in _regex_tools(request):
-        try:
-            check_grammar(LLMatcher.grammar_from_regex(tool.regex or ""))
-        except GrammarError as exc:
+        error = regex_error(tool.regex or "")
+        if error is not None:
             raise invalid_value(
-                f"Invalid grammar for custom tool '{tool.name}': {exc}", f"{path}.format.definition"
-            ) from exc
+                f"Invalid grammar for custom tool '{tool.name}': {error}", f"{path}.format.definition"
+            )
 
 
 def request_grammar(

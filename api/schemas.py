@@ -33,16 +33,16 @@ MAX_NESTING = 64
 """Deepest nesting of arrays and objects a request may use (JSON schemas of tools included):
 deeper values would exhaust the recursion of the JSON encoders and the chat template."""
 MAX_INPUT_ITEMS = 4096
-MAX_CONTENT_PARTS = 4 * MAX_INPUT_ITEMS
-"""Content parts of all the input's items (or messages) together: each one is validated and
-rendered on the API's event loop, so a body of 200,000 tiny parts stalled every other request
-for 1.4 s (the items bound alone did not stop it)."""
-MAX_TOOLS = 128
-"""Tools in ``tools``, and in each namespace (OpenAI's bound): 45,000 tools held the API's event
-loop for 22 s before the bound (and a quadratic name check) were there."""
 """Most input items a request may send. Validating an item costs the event loop about 4 us:
 220,000 one-word messages (7.5 MB, under the body limit) held every stream of the replica for
 about 2 s; this bound keeps validation near 15 ms, and is refused before anything else is walked."""
+MAX_CONTENT_PARTS = 4 * MAX_INPUT_ITEMS
+"""Content parts of all the input's items (or messages) together: each one is validated and
+rendered on the API's event loop, so a body of 200,000 tiny parts stalled every other request
+for 2 s (the items bound alone did not stop it)."""
+MAX_TOOLS = 128
+"""Tools in ``tools``, and in each namespace (OpenAI's bound): 45,000 tools held the API's event
+loop for 23 s before the bound (and a quadratic name check) were there."""
 SMALLEST_INT = -(2**63)
 LARGEST_INT = 2**64 - 1
 """The integers a request may hold: what the JSON encoder of the stored objects (orjson, 64-bit

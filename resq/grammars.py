@@ -39,6 +39,7 @@ whitespace), so a model cannot pad an answer with endless blanks.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -188,11 +189,13 @@ _LLGUIDANCE_REFERENCES = re.compile(r"<\[[^\]]*\]>|<[^\s<>\"/]+>|@[A-Za-z_][A-Za
 token by name, ``<|endoftext|>``) and other grammars by name (``@tool_0``)."""
 
 
+@functools.lru_cache(maxsize=ACCEPTED_GRAMMARS_KEPT)
 def client_grammar_reference(lark_grammar: str) -> str | None:
     """The first token or grammar reference a client's Lark grammar makes outside its strings,
     regexes and comments, or None. Such a grammar reaches beyond its input: a token reference
     writes the model's end token or markup into it (a call that can never close), and a grammar
-    reference names resq's other grammars (the next tool's, its own)."""
+    reference names resq's other grammars (the next tool's, its own). Remembered per grammar: an
+    agent sends the same tools every turn."""
     found = _LLGUIDANCE_REFERENCES.search(_LARK_LITERALS.sub(" ", lark_grammar))
     return found.group(0) if found else None
 
@@ -260,6 +263,17 @@ def schema_grammar(schema: dict[str, Any]) -> str:
         return LLMatcher.grammar_from_json_schema(styled(schema))
     except ValueError as exc:
         raise GrammarError(f"The schema is not a valid JSON object: {exc}") from exc
+
+
+@functools.lru_cache(maxsize=ACCEPTED_GRAMMARS_KEPT)
+def regex_error(regex: str) -> str | None:
+    """Why ``regex`` does not compile on its own, or None. Remembered per regex: an agent sends
+    the same tools every turn."""
+    try:
+        check_grammar(LLMatcher.grammar_from_regex(regex))
+    except GrammarError as exc:
+        return str(exc)
+    return None
 
 
 def check_grammar(grammar: str, tokenizer: LLTokenizer | None = None) -> None:

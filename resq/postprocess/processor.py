@@ -72,7 +72,8 @@ class ResponseProcessor:
         """Characters of decoded output so far (where the next token's text starts)."""
         self._stops = StopSequences(options.stop) if options.stop else None
         self._sampled = 0
-        """Sampled output tokens fed so far."""
+        """Sampled output tokens fed one at a time so far: every token once a request has stop
+        sequences (its entries then go token by token), which the stop's cut counts."""
         self._sampled_at_stop: int | None = None
         """The output tokens of an answer a stop sequence ended: those up to the one that completed
         it. The engine goes on until it is told to stop, a number of tokens that depends on timing:
@@ -166,8 +167,6 @@ class ResponseProcessor:
         if counter is None and aligner is None and stops is None:
             text = self._detokenizer.feed(token_ids)
             self._output_length += len(text)
-            if sampled:
-                self._sampled += len(token_ids)
             return self._shown(self._parser.feed(text))
         # One token at a time, so that each token's characters are known: the parser says which
         # of them are reasoning, text segments say where they lie, and a stop sequence which

@@ -365,11 +365,6 @@ def admit(
     pipe.eval(ADMIT_LUA, 1, keys.GENERATIONS, response_id, repr(now_s), max_pending)
 
 
-def owner_pending(client: Any, owner: str) -> Any:
-    """How many of ``owner``'s admitted generations its set lists (an awaitable with an async client)."""
-    return client.zcard(keys.pending_of(owner))
-
-
 def _flatten(fields: StreamFields) -> list[EncodableT]:
     flat: list[EncodableT] = []
     for name, value in fields.items():
