@@ -22,7 +22,7 @@ from gpu_worker.service import GenerationService
 from gpu_worker.shutdown import WorkRelease
 from resq import keys
 from resq.catalog import ModelCard, mark_served, register_model
-from resq.celery_app import make_celery
+from resq.celery_app import make_celery, worker_options
 from resq.heartbeat import Heartbeat, new_worker_id
 from resq.logs import response_context
 from resq.metrics import serve_worker_metrics
@@ -145,8 +145,7 @@ def run(settings: Settings) -> int:
                 "--concurrency=1",
                 f"--hostname=gpu-{os.getpid()}@{socket.gethostname()}",
                 f"--loglevel={settings.log_level.upper()}",
-                "--without-gossip",
-                "--without-mingle",
+                *worker_options(settings),
             ]
         )
     return int(exit_code or 0)

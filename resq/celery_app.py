@@ -56,3 +56,16 @@ def make_celery(settings: Settings) -> Celery:
         task_send_sent_event=settings.celery_events,
     )
     return app
+
+
+def worker_options(settings: Settings) -> list[str]:
+    """The ``celery worker`` flags both worker roles pass: none of Celery's worker-to-worker
+    traffic, which resq's own heartbeats and recovery replace.
+
+    Gossip and mingle always off; Celery's ``worker-heartbeat`` events (a Redis publish every
+    2 s per worker) only with ``RESQ_CELERY_EVENTS``, since only Flower reads them.
+    """
+    options = ["--without-gossip", "--without-mingle"]
+    if not settings.celery_events:
+        options.append("--without-heartbeat")
+    return options

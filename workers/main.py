@@ -16,7 +16,7 @@ import socket
 from celery import Celery
 
 from resq import keys
-from resq.celery_app import make_celery
+from resq.celery_app import make_celery, worker_options
 from resq.heartbeat import Heartbeat, new_worker_id
 from resq.metrics import serve_worker_metrics
 from resq.postprocess.service import PostprocessService
@@ -74,8 +74,7 @@ def run(settings: Settings) -> None:
                 f"--concurrency={settings.postprocess_concurrency}",
                 f"--hostname=postprocess-{os.getpid()}@{socket.gethostname()}",
                 f"--loglevel={settings.log_level.upper()}",
-                "--without-gossip",
-                "--without-mingle",
+                *worker_options(settings),
             ]
         )
     finally:
