@@ -336,7 +336,8 @@ class Settings(BaseSettings):
         ),
     )
     celery_events: bool = Field(
-        False, description="Send Celery task events and worker heartbeats (what Flower shows); off, they cost Redis traffic."
+        False,
+        description="Send Celery task events and worker heartbeats (what Flower shows); off, they cost Redis traffic.",
     )
 
     @field_validator("reasoning_parser", "tool_parser", mode="before")
