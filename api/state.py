@@ -218,9 +218,10 @@ class AppState:
         )
 
     def stage_admission(self, pipe: AsyncPipeline, response_id: str, owner: str) -> None:
-        """Queue, first in the step that records a new response (:meth:`record_admitted`), the
-        count of its generation against ``RESQ_MAX_PENDING``, and against the caller's share
-        (``RESQ_MAX_PENDING_PER_KEY``, when set and the caller has a key): the step's guard."""
+        """Queue the count of a new response's generation against ``RESQ_MAX_PENDING``, and against
+        the caller's share (``RESQ_MAX_PENDING_PER_KEY``, when set and the caller has a key): the
+        last guard of the step that records the response (:mod:`resq.guarded_step`, run by
+        :attr:`guarded_step`), the one guard that writes."""
         settings = self.settings
         generations.admit(
             pipe,
@@ -236,12 +237,6 @@ class AppState:
         """Whether ``RESQ_MAX_PENDING`` generations are listed (after a refused admission: was it
         the cluster's bound or the caller's share?)."""
         return int(await self.redis.zcard(keys.GENERATIONS)) >= self.settings.max_pending
-
-    async def record_admitted(self, pipe: AsyncPipeline) -> bool:
-        """Run the step that records a new response, behind its admission (queued first by
-        :meth:`stage_admission`): one round trip (:mod:`resq.guarded_step`). False, and nothing
-        written, when ``RESQ_MAX_PENDING`` generations are queued or running already."""
-        return await self.guarded_step.execute(pipe)
 
     def stage_recovery(self, pipe: AsyncPipeline, response_id: str) -> None:
         """Queue, in the step that records the response, its registration with the reaper: from

@@ -27,7 +27,7 @@ from api.prompting import (
 from api.relay import wait_for_terminal
 from api.schemas import CreateResponseRequest, CustomTool, FunctionTool, JsonSchemaFormat, NamespaceTool, Tool
 from api.state import AppState, in_an_accept_slot
-from api.store import EarlierConversation
+from api.store import EarlierConversation, previous_response_not_found
 from resq import affinity, conversations, faults, ids, item_index, jsonutil, keys, records, turns
 from resq.catalog import TextTokenizer
 from resq.conversation import since_last_compaction
@@ -399,7 +399,9 @@ async def accept(
     opened = EventHub.of(state.redis).open_new(keys.events(response_id), logged) if follow else None
     try:
         pipe = state.redis.pipeline(transaction=True)
-        # The step's guard: nothing below is written when the server is at capacity.
+        # The step's guards: nothing below is written when the turn it continues went meanwhile,
+        # or when the server is at capacity (the admission, the one guard that writes, goes last).
+        guards = _stage_parent_guard(pipe, new)
         state.stage_admission(pipe, response_id, caller.owner)
         state.stage_recovery(pipe, response_id)
         _stage_response(pipe, settings, new)
@@ -409,7 +411,10 @@ async def accept(
         await state.queue_messages(pipe, response_id, model, routed.worker)
         if opened is not None:
             opened.stage_wake(pipe)
-        if not await state.record_admitted(pipe):
+        refused = await state.guarded_step.execute(pipe, guards + 1)
+        if refused is not None and refused <= guards:
+            raise previous_response_not_found(str(new.turn_parent))
+        if refused is not None:
             if settings.max_pending_per_key and caller.owner and not await state.cluster_full():
                 raise rate_limited(
                     f"This API key has {settings.max_pending_per_key} generations queued or running, "
@@ -453,6 +458,18 @@ class _NewResponse:
     """A stored turn of its own extends the chain (:mod:`resq.turns`)."""
 
 
+def _stage_parent_guard(pipe: Any, new: _NewResponse) -> int:
+    """Queue the guard that the turn ``new`` continues is still there; the guards queued (0 or 1).
+
+    The request read that turn's history before its step; a delete of that response in between
+    would leave ``new`` recorded with no turn of its own, which could never be continued.
+    """
+    if new.linked_turn and new.turn_parent:
+        turns.stage_parent_check(pipe, new.turn_parent)
+        return 1
+    return 0
+
+
 def _stage_response(pipe: Any, settings: Settings, new: _NewResponse) -> None:
     """Queue on ``pipe`` the commands that record ``new`` (expiring as transient until it ends)."""
     ttl = settings.transient_ttl_s
@@ -491,6 +508,7 @@ async def _record_prepared(
     response_id = new.response_id
     final_ttl = settings.store_ttl_s if new.record.store else settings.transient_ttl_s
     pipe = state.redis.pipeline(transaction=True)
+    guards = _stage_parent_guard(pipe, new)
     _stage_response(pipe, settings, new)
     pipe.eval(
         records.FINALIZE_LUA,
@@ -514,4 +532,5 @@ async def _record_prepared(
     if opened is not None:
         # Other joiners counted on this join's wake-up (api.event_hub): it must go out.
         opened.stage_wake(pipe)
-    await pipe.execute()
+    if await state.guarded_step.execute(pipe, guards) is not None:
+        raise previous_response_not_found(str(new.turn_parent))

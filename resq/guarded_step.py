@@ -3,9 +3,11 @@
 The API admitted a new response's generation (``RESQ_MAX_PENDING``, :func:`resq.recovery.
 generations.admit`) in a round trip of its own, and then recorded the response in a ``MULTI``.
 Here the staging helpers queue both on one pipeline, as before, and :func:`execute` sends the
-pipeline's queued commands to one script instead: it runs the first command, the guard, and the
-others only when the guard did not answer 0. A script is atomic, as the ``MULTI`` was, and
-nothing is written when the guard refuses.
+pipeline's queued commands to one script instead: it runs the first commands, the guards, and the
+others only when no guard answered 0. A script is atomic, as the ``MULTI`` was, and nothing is
+written when a guard refuses. Only the last guard may write (the admission): a guard before it
+only reads (a continued response's parent turn must still be there), so that a refusal by any
+guard leaves Redis as it was.
 
 A script cannot call ``EVAL``, so the scripts the staging helpers queue run inlined, as Lua
 functions of the script (:data:`EMBEDDED`); any other script queued is refused before anything
@@ -23,7 +25,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.commands.core import AsyncScript
 
-from resq import item_index, turns
+from resq import conversations, item_index, records, turns
 from resq.recovery import generations, leases
 
 EMBEDDED: Final[tuple[str, ...]] = (
@@ -31,15 +33,19 @@ EMBEDDED: Final[tuple[str, ...]] = (
     leases.REGISTER_LUA,
     turns.CREATE_LUA,
     item_index.INDEX_LUA,
+    records.FINALIZE_LUA,
+    conversations.APPEND_LUA,
 )
 """The scripts a guarded step may hold: the admission, the lease's registration, a turn's creation,
-the item index's holders of its input."""
+the item index's holders of its input; and for a response recorded already ended (no generation),
+its final record and its conversation's append."""
 
 _RUNNER: Final = """
--- ARGV: the commands, each as its count n of arguments, then the n: a command's name and its
--- arguments, or an embedded script's name ('@<i>'), its key count, its keys and its arguments.
--- Runs the first, the guard; when its reply is 0 returns 0 and runs no other, else runs every
--- other in order and returns 1.
+-- ARGV[1]: how many of the commands are guards; then the commands, each as its count n of
+-- arguments, then the n: a command's name and its arguments, or an embedded script's name
+-- ('@<i>'), its key count, its keys and its arguments.
+-- Runs the guards in order; when one replies 0 returns its position (from 1) and runs nothing
+-- after it, else runs every other command in order and returns 0.
 local function run(at)
   local count = tonumber(ARGV[at])
   local script = EMBEDDED[ARGV[at + 1]]
@@ -59,15 +65,19 @@ local function run(at)
   end
   return reply, at + count + 1
 end
-local guard, at = run(1)
-if guard == 0 then
-  return 0
+local at = 2
+for position = 1, tonumber(ARGV[1]) do
+  local guard, following = run(at)
+  if guard == 0 then
+    return position
+  end
+  at = following
 end
 while at <= #ARGV do
   local _, following = run(at)
   at = following
 end
-return 1
+return 0
 """
 
 
@@ -110,11 +120,16 @@ class GuardedStep:
     def __init__(self, redis: Redis) -> None:
         self._script: AsyncScript = redis.register_script(GUARDED_STEP_LUA)
 
-    async def execute(self, pipe: Pipeline) -> bool:
-        """Run ``pipe``'s queued commands as one step; False when its first command, the guard,
-        answered 0 (then nothing else ran). ``pipe`` itself is not executed, and is reset."""
-        if not pipe.command_stack:
-            raise ValueError("a guarded step needs at least its guard")
-        arguments = step_arguments(pipe.command_stack)
+    async def execute(self, pipe: Pipeline, guards: int = 1) -> int | None:
+        """Run ``pipe``'s queued commands as one step, its first ``guards`` commands as its guards.
+
+        Returns None when every command ran, else the position (from 1) of the guard that answered
+        0: nothing after it ran, and only the last guard may write. ``pipe`` itself is not
+        executed, and is reset.
+        """
+        if len(pipe.command_stack) < guards:
+            raise ValueError(f"a step of {guards} guards has only {len(pipe.command_stack)} commands")
+        arguments = [guards, *step_arguments(pipe.command_stack)]
         await pipe.reset()  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
-        return bool(await self._script(keys=[], args=arguments))
+        refused = int(await self._script(keys=[], args=arguments))
+        return refused or None

@@ -30,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
+from redis.asyncio.client import Pipeline as AsyncPipeline
+
 from resq import jsonutil, keys
 
 Item = dict[str, Any]
@@ -145,6 +147,13 @@ def create_arguments(
 ) -> list[str | int]:
     """``ARGV`` of :data:`CREATE_LUA` for a turn of ``items`` continuing ``parent``."""
     return [TURN_KEY_TEMPLATE, parent or "", jsonutil.dumps(items).decode(), ttl_s, ancestor_ttl_s]
+
+
+def stage_parent_check(pipe: AsyncPipeline, parent: str) -> None:
+    """Queue a guard of a step that creates a turn continuing ``parent``: it answers 0 when the
+    parent's turn is gone (deleted since the request read it), so that the step writes nothing,
+    where :data:`CREATE_LUA` alone would skip only the turn and leave its response recorded."""
+    pipe.exists(keys.turn(parent))
 
 
 @dataclass(frozen=True)

@@ -396,6 +396,56 @@ def test_a_deleted_response_cannot_be_continued(client: OpenAI) -> None:
     assert caught.value.body["param"] == "previous_response_id"
 
 
+def _post_timed(url: str, body: dict[str, Any], answer: dict[str, Any]) -> None:
+    """POST ``body``; ``answer`` gets the reply and the monotonic times it was sent and answered."""
+    answer["sent"] = time.monotonic()
+    answer["reply"] = httpx.post(url, json=body, timeout=WAIT_S)
+    answer["answered"] = time.monotonic()
+
+
+def test_a_continuation_racing_the_delete_of_its_parent_is_refused_or_continuable(
+    stack: Stack, client: OpenAI
+) -> None:
+    """The parent deleted while a continuation of it is being accepted: after the request read the
+    parent's history, before the step that records it. The continuation is refused (400), or
+    recorded with a turn of its own; never recorded without one, which no request could continue
+    (before the step's parent guard, 11 of 11 such continuations in a review)."""
+    long_input = [{"role": "user", "content": f"line {index}"} for index in range(3000)]  # a slow accept
+    overlapped = refused = 0
+    for attempt in range(8):
+        parent = greedy(client, input="Say hello.", max_output_tokens=2)
+        answer: dict[str, Any] = {}
+        body = {
+            "model": MODEL,
+            "input": long_input,
+            "previous_response_id": parent["id"],
+            "max_output_tokens": 2,
+            "truncation": "auto",
+        }
+        continuing = threading.Thread(
+            target=_post_timed, args=(f"{stack.base_url}/v1/responses", body, answer)
+        )
+        continuing.start()
+        time.sleep(0.02 * (attempt + 1))
+        client.responses.delete(parent["id"])
+        deleted_at = time.monotonic()
+        continuing.join()
+        overlapped += answer["sent"] < deleted_at < answer["answered"]
+        reply: httpx.Response = answer["reply"]
+        if reply.status_code == 400:
+            assert error_of(reply)["code"] == "previous_response_not_found"
+            refused += 1
+            continue
+        assert reply.status_code == 200, reply.text
+        child_id = reply.json()["id"]
+        grandchild = client.responses.create(
+            model=MODEL, input="Again.", previous_response_id=child_id, max_output_tokens=2, truncation="auto"
+        )
+        assert grandchild.previous_response_id == child_id
+    # The deletes landed while continuations were being accepted, and some were refused for it.
+    assert overlapped > 0 and refused > 0, (overlapped, refused)
+
+
 # --- background, resume, cancel -----------------------------------------------------------------------
 
 

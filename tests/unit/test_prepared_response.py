@@ -34,6 +34,18 @@ class _Pipeline:
         return []
 
 
+class _Step:
+    """Runs a pipeline as the guarded step would: records how many guards it was given."""
+
+    def __init__(self) -> None:
+        self.guards: list[int] = []
+
+    async def execute(self, pipe: _Pipeline, guards: int = 1) -> int | None:
+        self.guards.append(guards)
+        await pipe.execute()
+        return None
+
+
 class _Opened:
     def __init__(self) -> None:
         self.staged_on: list[_Pipeline] = []
@@ -42,18 +54,33 @@ class _Opened:
         self.staged_on.append(pipe)
 
 
-def _record(store: bool, opened: _Opened | None) -> _Pipeline:
+def _record(
+    store: bool, opened: _Opened | None, parent: str | None = None, step: _Step | None = None
+) -> _Pipeline:
     pipe = _Pipeline()
     state: Any = SimpleNamespace(
         settings=SimpleNamespace(transient_ttl_s=600, store_ttl_s=86_400),
         redis=SimpleNamespace(pipeline=lambda transaction: pipe),
+        guarded_step=step or _Step(),
     )
     own = [{"id": "msg_1", "type": "message", "role": "user", "content": [], "status": "completed"}]
     record = records.NewRecord("in_progress", b"{}", ProcessingOptions(model="m"), store, False, "owner")
-    new = _NewResponse(RESPONSE_ID, record, [], {"items": own}, own, None, store)
+    new = _NewResponse(RESPONSE_ID, record, [], {"items": own}, own, parent, store)
     asyncio.run(_record_prepared(state, new, b'{"status":"completed"}', None, opened))  # type: ignore[arg-type]
     assert pipe.executed
     return pipe
+
+
+def test_a_continuation_is_guarded_by_its_parents_turn() -> None:
+    """The parent's turn must still be there when the step runs (a delete since the request read
+    it would leave a response no request could continue): the step's first command, its guard."""
+    step = _Step()
+    pipe = _record(store=True, opened=None, parent="resp_parent", step=step)
+    assert step.guards == [1]
+    assert pipe.commands[0] == ("exists", (keys.turn("resp_parent"),))
+    unlinked = _Step()
+    _record(store=True, opened=None, step=unlinked)
+    assert unlinked.guards == [0]
 
 
 def test_the_step_ends_the_response_and_wakes_the_relays_hub() -> None:
