@@ -174,12 +174,17 @@ async def gather_items(
 def _check_unique_ids(own: list[Item], history: list[Item]) -> None:
     duplicate = duplicate_id(own, history)
     if duplicate is not None:
-        # OpenAI's words; its code is null.
-        raise OpenAIError(
-            400,
-            f"Duplicate item found with id {duplicate}. Remove duplicate items from your input and try again.",
-            param="input",
-        )
+        raise duplicate_item(duplicate)
+
+
+def duplicate_item(item_id: str) -> OpenAIError:
+    """The 400 of an input item whose id the input or the history it joins holds already."""
+    # OpenAI's words; its code is null.
+    return OpenAIError(
+        400,
+        f"Duplicate item found with id {item_id}. Remove duplicate items from your input and try again.",
+        param="input",
+    )
 
 
 def _opened_compactions(items: list[Item], sealer: Sealer, owner: str) -> list[Item]:

@@ -20,6 +20,7 @@ from api.prompting import (
     PromptPlan,
     RequestItems,
     context_length_exceeded,
+    duplicate_item,
     gather_items,
     plan_prompt,
     summary_sees_nothing,
@@ -508,7 +509,14 @@ async def _record_prepared(
     response_id = new.response_id
     final_ttl = settings.store_ttl_s if new.record.store else settings.transient_ttl_s
     pipe = state.redis.pipeline(transaction=True)
-    guards = _stage_parent_guard(pipe, new)
+    # Guards, both reads: the turn it continues is still there; no item of a conversation it
+    # joins took one of its input's ids since it was accepted (its append would replace it).
+    parent_guards = _stage_parent_guard(pipe, new)
+    guards = parent_guards
+    item_ids = [str(item["id"]) for item in new.own]
+    if conversation_id is not None:
+        pipe.eval(conversations.FREE_IDS_LUA, 4, *keys.conversation_keys(conversation_id), *item_ids)
+        guards += 1
     _stage_response(pipe, settings, new)
     pipe.eval(
         records.FINALIZE_LUA,
@@ -532,5 +540,10 @@ async def _record_prepared(
     if opened is not None:
         # Other joiners counted on this join's wake-up (api.event_hub): it must go out.
         opened.stage_wake(pipe)
-    if await state.guarded_step.execute(pipe, guards) is not None:
+    refused = await state.guarded_step.execute(pipe, guards)
+    if refused is not None and refused <= parent_guards:
         raise previous_response_not_found(str(new.turn_parent))
+    if refused is not None and conversation_id is not None:
+        held = await state.redis.hmget(keys.conversation_keys(conversation_id)[2], item_ids)
+        taken = next((item_id for item_id, item in zip(item_ids, held, strict=True) if item), item_ids[0])
+        raise duplicate_item(taken)

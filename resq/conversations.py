@@ -120,13 +120,26 @@ APPEND_LUA: Final = (
 -- ARGV[1] TTL (s), ARGV[2] marker (a response id; '' for a client's own add),
 -- ARGV[3..] item id, item JSON, item id, item JSON, ...
 -- Returns 'missing' (no such conversation), 'duplicate' (the marker's items were
--- appended before: nothing written) or 'appended'.
+-- appended before: nothing written), {'taken', id, ...} (a response's items whose ids the
+-- conversation holds already: nothing written) or 'appended'.
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 'missing'
 end
 local marker = ARGV[2]
-if marker ~= '' and redis.call('SISMEMBER', KEYS[4], marker) == 1 then
-  return 'duplicate'
+if marker ~= '' then
+  if redis.call('SISMEMBER', KEYS[4], marker) == 1 then
+    return 'duplicate'
+  end
+  -- A response's items never replace one the conversation holds (a client's add does).
+  local taken = {'taken'}
+  for index = 3, #ARGV, 2 do
+    if redis.call('HEXISTS', KEYS[3], ARGV[index]) == 1 then
+      taken[#taken + 1] = ARGV[index]
+    end
+  end
+  if #taken > 1 then
+    return taken
+  end
 end
 append(3)
 if marker ~= '' then
@@ -280,6 +293,17 @@ return status
 """
 )
 
+FREE_IDS_LUA: Final = """
+-- ARGV: item ids. Returns 1 when the conversation holds none of them, 0 when it holds one (a
+-- guard of resq.guarded_step: it only reads).
+for index = 1, #ARGV do
+  if redis.call('HEXISTS', KEYS[3], ARGV[index]) == 1 then
+    return 0
+  end
+end
+return 1
+"""
+
 DELETE_LUA: Final = """
 -- No ARGV. Removes every key of the conversation; returns 'missing' or 'deleted'.
 if redis.call('DEL', KEYS[1]) == 0 then
@@ -307,3 +331,25 @@ def append_arguments(ttl_s: int, marker: str, items: list[Item]) -> list[str | i
     Raises ValueError when an item has no id.
     """
     return [ttl_s, marker, *item_pairs(items)]
+
+
+def renamed_where_taken(items: list[Item], reply: Any) -> list[Item] | None:
+    """``items`` with a fresh id for each one :data:`APPEND_LUA` found taken (its ``reply``);
+    None when the reply is not ``{'taken', id, ...}``.
+
+    Two responses sent the same new item id to one conversation (each passed the duplicate
+    check, made when it was accepted, before either appended): the later one's item joins under
+    a fresh id instead of replacing the earlier one's. A client's add of an id the conversation
+    holds already was checked as it was made, and replaces the item, as documented.
+    """
+    if not isinstance(reply, list) or not reply or _text(reply[0]) != "taken":
+        return None
+    taken = {_text(item_id) for item_id in reply[1:]}
+    return [
+        {**item, "id": new_item_id(str(item.get("type", "")))} if item.get("id") in taken else item
+        for item in items
+    ]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -35,10 +35,11 @@ EMBEDDED: Final[tuple[str, ...]] = (
     item_index.INDEX_LUA,
     records.FINALIZE_LUA,
     conversations.APPEND_LUA,
+    conversations.FREE_IDS_LUA,
 )
 """The scripts a guarded step may hold: the admission, the lease's registration, a turn's creation,
 the item index's holders of its input; and for a response recorded already ended (no generation),
-its final record and its conversation's append."""
+its final record, its conversation's append and that append's guard."""
 
 _RUNNER: Final = """
 -- ARGV[1]: how many of the commands are guards; then the commands, each as its count n of

@@ -609,16 +609,26 @@ class _Run:
         response_id = self._response_id
         raw_input = self._redis.get(keys.input_items(response_id))
         own: list[dict[str, Any]] = jsonutil.loads(raw_input)["items"] if raw_input else []
-        arguments = conversations.append_arguments(ttl_s, response_id, [*own, *output])
+        items = [*own, *output]
 
-        def write() -> str:
-            outcome = self._redis.eval(
+        def write() -> Any:
+            arguments = conversations.append_arguments(ttl_s, response_id, items)
+            return self._redis.eval(
                 conversations.APPEND_LUA, 4, *keys.conversation_keys(conversation_id), *arguments
             )
-            return outcome.decode() if isinstance(outcome, bytes) else str(outcome)
 
         outcome = retrying(write, f"the conversation items of {response_id}", WRITE_BACKOFF)
-        if outcome == "missing":
+        # Another response (or a client's add) took one of these ids since this one was accepted:
+        # those items join under fresh ids rather than replace what the conversation holds.
+        while (renamed := conversations.renamed_where_taken(items, outcome)) is not None:
+            log.warning(
+                "%s: item ids taken in conversation %s meanwhile; appended under new ids",
+                response_id,
+                conversation_id,
+            )
+            items = renamed
+            outcome = retrying(write, f"the conversation items of {response_id}", WRITE_BACKOFF)
+        if outcome in (b"missing", "missing"):
             log.info("conversation %s is gone; %s appends nothing to it", conversation_id, response_id)
         faults.reached("postprocess.after_conversation_append")
 

@@ -113,3 +113,44 @@ def test_a_deleted_conversation_gets_nothing_and_the_response_ends(
     r.delete(*keys.conversation_keys(CONVERSATION_ID))
     assert postprocess(r, tokenizer) == "completed"
     assert not r.exists(*keys.conversation_keys(CONVERSATION_ID))
+
+
+def test_an_input_id_taken_meanwhile_joins_under_a_fresh_id_and_replaces_nothing(
+    r: redis.Redis, tokenizer: TextTokenizer
+) -> None:
+    """Another response (or a client's add) put an item of this response's input id in the
+    conversation after this one was accepted: both items stay, each response's block whole."""
+    begin(r, tokenizer)
+    other = {**INPUT, "content": [{"type": "input_text", "text": "the other one's"}]}
+    r.eval(
+        conversations.APPEND_LUA,
+        4,
+        *keys.conversation_keys(CONVERSATION_ID),
+        *conversations.append_arguments(600, "resp_other", [other]),
+    )
+    assert postprocess(r, tokenizer) == "completed"
+    ids = conversation_ids(r)
+    assert ids[:2] == ["msg_seed", "in_1"] and len(ids) == 3 + len(output_ids(r))
+    assert ids[3:] == output_ids(r)
+    renamed = ids[2]
+    assert renamed.startswith("msg_") and renamed != "in_1"
+    item_data = keys.conversation_item_data(CONVERSATION_ID)
+    assert jsonutil.loads(r.hget(item_data, "in_1") or b"{}") == other  # not replaced
+    assert jsonutil.loads(r.hget(item_data, renamed) or b"{}") == {**INPUT, "id": renamed}
+
+
+def test_a_clients_add_of_a_held_id_still_replaces_it(r: redis.Redis) -> None:
+    """The items API's own add keeps its documented replace-in-place (no marker)."""
+    r.eval(conversations.CREATE_LUA, 4, *keys.conversation_keys(CONVERSATION_ID), 600, "owner", 0, "{}")
+    for text in ("first", "second"):
+        item = {**INPUT, "content": [{"type": "input_text", "text": text}]}
+        reply = r.eval(
+            conversations.APPEND_LUA,
+            4,
+            *keys.conversation_keys(CONVERSATION_ID),
+            *conversations.append_arguments(600, "", [item]),
+        )
+        assert reply == b"appended"
+    assert conversation_ids(r) == ["in_1"]
+    held = jsonutil.loads(r.hget(keys.conversation_item_data(CONVERSATION_ID), "in_1") or b"{}")
+    assert held["content"][0]["text"] == "second"

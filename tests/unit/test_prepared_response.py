@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from api.submission import _NewResponse, _record_prepared
-from resq import item_index, keys, records
+from resq import conversations, item_index, keys, records
 from resq.options import ProcessingOptions
 
 RESPONSE_ID = "resp_" + "0" * 32
@@ -55,7 +55,11 @@ class _Opened:
 
 
 def _record(
-    store: bool, opened: _Opened | None, parent: str | None = None, step: _Step | None = None
+    store: bool,
+    opened: _Opened | None,
+    parent: str | None = None,
+    step: _Step | None = None,
+    conversation_id: str | None = None,
 ) -> _Pipeline:
     pipe = _Pipeline()
     state: Any = SimpleNamespace(
@@ -66,7 +70,7 @@ def _record(
     own = [{"id": "msg_1", "type": "message", "role": "user", "content": [], "status": "completed"}]
     record = records.NewRecord("in_progress", b"{}", ProcessingOptions(model="m"), store, False, "owner")
     new = _NewResponse(RESPONSE_ID, record, [], {"items": own}, own, parent, store)
-    asyncio.run(_record_prepared(state, new, b'{"status":"completed"}', None, opened))  # type: ignore[arg-type]
+    asyncio.run(_record_prepared(state, new, b'{"status":"completed"}', conversation_id, opened))  # type: ignore[arg-type]
     assert pipe.executed
     return pipe
 
@@ -110,3 +114,14 @@ def test_an_unstored_one_lives_the_transient_ttl_and_is_not_indexed() -> None:
     finalize = [args for name, args in pipe.commands if name == "eval" and args[0] == records.FINALIZE_LUA]
     assert finalize[0][8] == 600
     assert all(args[0] != item_index.INDEX_LUA for name, args in pipe.commands if name == "eval")
+
+
+def test_joining_a_conversation_is_guarded_by_its_ids_being_free() -> None:
+    """Its items are appended in the step: an id the conversation took since the request was
+    accepted would be replaced, so the step's guard refuses it first."""
+    step = _Step()
+    pipe = _record(store=False, opened=None, step=step, conversation_id="conv_" + "c" * 32)
+    assert step.guards == [1]
+    name, args = pipe.commands[0]
+    assert name == "eval" and args[0] == conversations.FREE_IDS_LUA
+    assert args[1:] == (4, *keys.conversation_keys("conv_" + "c" * 32), "msg_1")
