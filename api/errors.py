@@ -156,6 +156,7 @@ def _param_path(loc: Sequence[int | str], skip_tags: bool = True) -> str | None:
             "custom_tool_call_output",
             "reasoning",
             "item_reference",
+            "compaction",
             "namespace",
             "input_text",
             "output_text",

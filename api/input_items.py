@@ -146,7 +146,7 @@ def parse_page_request(limit: str | None, order: str | None, after: str | None) 
 
 
 def paginate(items: list[Item], request: PageRequest) -> dict[str, Any]:
-    """One page of ``items`` (stored in input order), OpenAI's list shape.
+    """One page of ``items`` (stored in input order), OpenAI's list shape (``ResponseItemList``).
 
     ``has_more`` is true exactly when items remain after this page in the chosen
     order, so a client following ``last_id`` stops at the end.
@@ -162,7 +162,8 @@ def paginate(items: list[Item], request: PageRequest) -> dict[str, Any]:
     return {
         "object": "list",
         "data": page,
-        "first_id": page[0]["id"] if page else None,
-        "last_id": page[-1]["id"] if page else None,
+        # "" for an empty page, as the conversation item list: the SDK types both as str.
+        "first_id": page[0]["id"] if page else "",
+        "last_id": page[-1]["id"] if page else "",
         "has_more": start + len(page) < len(ordered),
     }

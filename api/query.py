@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import re
 
+from starlette.datastructures import QueryParams
+
 from api.errors import invalid_value
+from api.schemas import KNOWN_INCLUDES
 
 # Event-log entry ids are `0-<n + 1>` with 64-bit parts: a larger position cannot exist.
 MAX_POSITION = 2**63 - 2
@@ -56,3 +59,15 @@ def non_negative_int(value: str | None, param: str) -> int | None:
             f"Invalid value for '{param}': {number}. It must be between 0 and {MAX_POSITION}.", param
         )
     return number
+
+
+def check_include(query: QueryParams) -> None:
+    """400 for an ``include`` value no item list knows (the item lists' only use of it: which
+    optional fields their items carry). The SDK sends ``include[]=...``; curl users write
+    ``include=...``."""
+    for value in [*query.getlist("include"), *query.getlist("include[]")]:
+        if value not in KNOWN_INCLUDES:
+            known = ", ".join(repr(name) for name in sorted(KNOWN_INCLUDES))
+            raise invalid_value(
+                f"Invalid value for 'include': {value!r}. Expected one of {known}.", "include"
+            )

@@ -991,6 +991,7 @@ class CompactRequest(_Strict):
     previous_response_id: str | None = None
     prompt_cache_key: str | None = Field(None, max_length=256)
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    safety_identifier: str | None = Field(None, max_length=128)
     service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"] | None = None
     image: NotServed = None
     prompt_cache_options: NotServed = None

@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request
-from starlette.datastructures import QueryParams
 from starlette.responses import Response
 
 from api.conversation_schemas import AddItemsRequest, CreateConversationRequest, UpdateConversationRequest
@@ -23,6 +22,7 @@ from api.deps import CallerDep, StateDep
 from api.errors import invalid_value
 from api.http import json_response
 from api.input_items import MAX_LIMIT, PageParameterError, parse_page_request
+from api.query import check_include
 from api.schemas import KNOWN_INCLUDES, InputItem
 from api.sealed_items import check_sealed
 from resq.conversations import MAX_ITEM_ID_CHARS
@@ -61,16 +61,6 @@ _LIST_PARAMETERS: dict[str, Any] = {
         _INCLUDE,
     ]
 }
-
-
-def _check_include(query: QueryParams) -> None:
-    # The SDK sends `include[]=...`; curl users write `include=...`.
-    for value in [*query.getlist("include"), *query.getlist("include[]")]:
-        if value not in KNOWN_INCLUDES:
-            known = ", ".join(repr(name) for name in sorted(KNOWN_INCLUDES))
-            raise invalid_value(
-                f"Invalid value for 'include': {value!r}. Expected one of {known}.", "include"
-            )
 
 
 def _dumped(items: list[InputItem]) -> list[dict[str, Any]]:
@@ -127,7 +117,7 @@ async def list_conversation_items(
         page = parse_page_request(query.get("limit"), query.get("order"), query.get("after"))
     except PageParameterError as exc:
         raise invalid_value(str(exc), exc.param) from exc
-    _check_include(query)
+    check_include(query)
     return json_response(await state.conversations.list_items(conversation_id, caller, page))
 
 
@@ -141,7 +131,7 @@ async def add_conversation_items(
 ) -> Response:
     """Append 1 to 20 items; the items added, as a list."""
     check_conversation_id(conversation_id)
-    _check_include(request.query_params)
+    check_include(request.query_params)
     items = prepare_items(_dumped(body.items))
     check_sealed(items, state.sealer, caller.owner)
     added = await state.conversations.add_items(conversation_id, caller, items)
@@ -156,7 +146,7 @@ async def retrieve_conversation_item(
 ) -> Response:
     """One item of the conversation."""
     check_conversation_id(conversation_id)
-    _check_include(request.query_params)
+    check_include(request.query_params)
     return json_response(await state.conversations.get_item(conversation_id, item_id, caller))
 
 

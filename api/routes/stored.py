@@ -17,7 +17,7 @@ from api.deps import CallerDep, StateDep
 from api.errors import invalid_value, response_not_found
 from api.http import json_response, raw_json_response
 from api.input_items import PageParameterError, paginate, parse_page_request
-from api.query import boolean, non_negative_int
+from api.query import boolean, check_include, non_negative_int
 from api.relay import coalesced_when_behind, event_stream_response, follow_event_batches, sse_chunks
 from api.state import AppState
 
@@ -78,6 +78,7 @@ async def list_input_items(
 ) -> Response:
     """One page of the response's input items (``limit``, ``after``, ``order``)."""
     query = request.query_params
+    check_include(query)
     stored = await state.store.get(response_id, caller)
     try:
         page_request = parse_page_request(query.get("limit"), query.get("order"), query.get("after"))

@@ -225,7 +225,8 @@ def test_truncation_auto_in_a_conversation_longer_than_the_context(stack: Stack)
 def test_compaction_shortens_the_next_prompt_and_refuses_tampering(stack: Stack) -> None:
     client = stack.client()
     history = long_history(6)
-    compacted = client.responses.compact(model=MODEL, input=history)
+    # Every parameter the SDK's compact takes and resq serves (safety_identifier was refused).
+    compacted = client.responses.compact(model=MODEL, input=history, safety_identifier="user-123")
     assert compacted.object == "response.compaction"
     assert compacted.output[-1].type == "compaction"
     assert compacted.usage.input_tokens > 0 and compacted.usage.output_tokens > 0

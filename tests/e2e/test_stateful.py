@@ -781,11 +781,17 @@ def test_input_items_page_in_both_orders(stack: Stack, client: OpenAI) -> None:
 
     default = client.responses.input_items.list(response.id)
     assert [item.id for item in default.data] == ids_in_order[::-1]
+    # Past the last item: an empty page, whose cursors are strings as the SDK's type says.
+    empty = client.responses.input_items.list(response.id, order="asc", after=ids_in_order[-1])
+    assert empty.data == [] and empty.first_id == empty.last_id == "" and empty.has_more is False
+    included = client.responses.input_items.list(response.id, include=["message.output_text.logprobs"])
+    assert [item.id for item in included.data] == ids_in_order[::-1]
 
     refused: list[tuple[dict[str, Any], str]] = [
         ({"limit": 0}, "limit"),
         ({"limit": 101}, "limit"),
         ({"order": "up"}, "order"),
+        ({"include[]": "bogus"}, "include"),
     ]
     for bad, param in refused:
         reply = httpx.get(f"{stack.base_url}/v1/responses/{response.id}/input_items", params=bad, timeout=30)

@@ -34,6 +34,18 @@ def test_a_conversation_object_is_named_by_its_fields(conversation: Any, expecte
     assert refused(conversation=conversation) == expected
 
 
+@pytest.mark.parametrize(
+    ("item", "param"),
+    [
+        ({"type": "compaction"}, "input[0].encrypted_content"),
+        ({"type": "reasoning", "summary": 3}, "input[0].summary"),
+        ({"type": "function_call_output", "output": "x"}, "input[0].call_id"),
+    ],
+)
+def test_an_input_items_field_is_named_without_its_type_tag(item: dict[str, Any], param: str) -> None:
+    assert refused(input=[item])[0] == param
+
+
 def test_a_metadata_key_is_named_as_sent() -> None:
     assert refused(metadata={"Foo": 5}) == ("metadata.Foo", "invalid_type")
 

@@ -104,7 +104,7 @@ def test_page_shape_names_its_ends() -> None:
         "has_more": True,
     }
     empty = paginate([], PageRequest())
-    assert empty["data"] == [] and empty["first_id"] is None and empty["has_more"] is False
+    assert empty["data"] == [] and empty["first_id"] == empty["last_id"] == "" and empty["has_more"] is False
 
 
 @given(st.integers(0, 60), st.integers(1, 100), st.sampled_from(["asc", "desc"]))
