@@ -30,7 +30,10 @@ class WorkRelease:
         self._grace_s = grace_s
         self._dispatch = dispatch
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        # Re-entrant: a second stop signal (Ctrl-C reaches the whole process group, then `resq up`
+        # sends its SIGTERM) runs Celery's handler, and so begin(), on the main thread while the
+        # first begin() still holds the lock there (in Thread.start); a plain lock deadlocked.
+        self._lock = threading.RLock()
 
     def begin(self) -> None:
         """Start releasing the engine's requests in the background (idempotent)."""

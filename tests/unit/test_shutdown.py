@@ -62,3 +62,29 @@ def test_no_grace_hands_back_at_once() -> None:
     release.finish()
     assert time.monotonic() - started < 1
     assert publisher.stops == 1 and len(publisher.hand_backs) == 1
+
+
+def test_a_second_signal_during_begin_does_not_deadlock(monkeypatch: Any) -> None:
+    """Ctrl-C reaches the whole process group, then `resq up` sends SIGTERM: Celery's handler
+    runs begin() again on the main thread while the first begin() is still in Thread.start."""
+    publisher = FakePublisher(active=0)
+    release = release_for(publisher, grace_s=0)
+    start = threading.Thread.start
+
+    def start_interrupted(thread: threading.Thread) -> None:
+        release.begin()  # the second signal's handler, run where the first begin() waits
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start_interrupted)
+    done = threading.Event()
+
+    def first_signal() -> None:
+        release.begin()
+        done.set()
+
+    caller = threading.Thread(target=first_signal, daemon=True)
+    start(caller)
+    assert done.wait(5), "begin() deadlocked when a second signal called it again"
+    monkeypatch.undo()
+    release.finish()
+    assert publisher.stops == 1 and len(publisher.hand_backs) == 1
