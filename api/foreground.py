@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable
+from typing import NoReturn
 
 import anyio
 from fastapi import Request
 from starlette.responses import Response
 
-from api import metrics
-from api.errors import response_not_found
+from api import metrics, stopping
+from api.errors import OpenAIError, response_not_found
 from api.http import raw_json_response
 from api.relay import coalesced_when_behind, follow_event_batches, sse_chunks, wait_for_terminal
 from api.state import AppState
@@ -41,8 +42,15 @@ async def forget_unstored(state: AppState, response_id: str) -> None:
 
 
 async def client_left(state: AppState, accepted: Accepted) -> None:
-    """The client of a foreground response left before its end: stop it, and drop it if unstored."""
-    if accepted.store:
+    """The client of a foreground response left before its end: stop it, and drop it if unstored.
+
+    When this API process is stopping (:mod:`api.stopping`), its client did not leave: a stored
+    response runs on, for its client to resume on another replica (``starting_after``), as after
+    a ``kill -9`` of the API. An unstored one, which nobody could resume, is still dropped.
+    """
+    if accepted.store and stopping.is_stopping():
+        log.info("the API is stopping; %s runs on, for its client to resume elsewhere", accepted.response_id)
+    elif accepted.store:
         await _cancel_generation(state, accepted.response_id)
     else:
         await forget_unstored(state, accepted.response_id)
@@ -104,8 +112,21 @@ async def final_json(state: AppState, accepted: Accepted, request: Request) -> b
             await client_left(state, accepted)
             group.cancel_scope.cancel()
 
+        async def watch_shutdown() -> None:
+            # Waits until just before uvicorn would cancel this request on a SIGTERM (a bare 500,
+            # which the SDK retries as a new generation), then gives up the wait for an answer.
+            while not stopping.is_stopping():  # noqa: ASYNC110
+                await anyio.sleep(0.5)
+            await anyio.sleep(stopping.GRACEFUL_SHUTDOWN_S - stopping.ANSWER_MARGIN_S)
+            cut_short.append(True)
+            group.cancel_scope.cancel()
+
+        cut_short: list[bool] = []
         group.start_soon(wait)
         group.start_soon(watch_client)
+        group.start_soon(watch_shutdown)
+    if cut_short and not result:
+        await _stopped_first(state, accepted)
     if not result:
         return None
     if result[0] is None:
@@ -115,3 +136,21 @@ async def final_json(state: AppState, accepted: Accepted, request: Request) -> b
     if not accepted.store:
         await forget_unstored(state, response_id)
     return result[0]
+
+
+async def _stopped_first(state: AppState, accepted: Accepted) -> NoReturn:
+    """This process is stopping before ``accepted`` ended: a 503 the SDK does not retry
+    (``x-should-retry: false``), saying where the response can be read; an unstored one, which
+    nobody could read, is dropped."""
+    response_id = accepted.response_id
+    if accepted.store:
+        where = f"retrieve it with GET /v1/responses/{response_id} once it ends"
+    else:
+        await forget_unstored(state, response_id)
+        where = "it was not stored, so it is dropped"
+    raise OpenAIError(
+        503,
+        f"This server is shutting down before response {response_id} ended: {where}.",
+        type="server_error",
+        headers={"x-should-retry": "false"},
+    )

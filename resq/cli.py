@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from types import FrameType
 from typing import Any, TypeVar
 
 import click
@@ -88,20 +89,29 @@ def api(**flags: Any) -> None:
     configure_logging(settings.log_level, "api", settings.log_format)
     import uvicorn
 
+    from api import stopping
     from api.main import create_app
 
-    uvicorn.run(
+    class StoppingServer(uvicorn.Server):
+        """uvicorn's server, which says it is stopping before it closes its connections."""
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            stopping.mark_stopping()
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(
         create_app(settings),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
         log_config=None,
         access_log=settings.log_level == "debug",
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=int(stopping.GRACEFUL_SHUTDOWN_S),
         # A WebSocket message is a request body: the same limit (uvicorn's own is 16 MiB). One over
         # it closes the socket with 1009 (message too big) before it is read whole.
         ws_max_size=settings.max_body_bytes,
     )
+    StoppingServer(config).run()
 
 
 @main.command("gpu-worker")

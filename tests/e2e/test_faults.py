@@ -9,6 +9,7 @@ greedy run of the same request, not only that nothing crashed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -568,6 +569,63 @@ def test_api_killed_mid_stream_the_client_resumes_on_another(
     final = check_stream(events, background=True)
     assert comparable(final) == references(**LONG), stack.logs()
     assert "taking over post-processing" in stack.apis[1][0].log_tail(400)
+
+
+def test_an_api_stopped_by_sigterm_leaves_its_stored_responses_running(
+    make_stack: StackFactory, references: References
+) -> None:
+    """A deploy's SIGTERM of an API is not its clients leaving: a stored foreground stream runs on
+    and is resumed on another API, and a non-streaming request still waiting gets a 503 that the
+    SDK does not retry (before: the stream's generation was cancelled as the API's graceful
+    shutdown ended its task, and the waiting request got a bare 500, which the SDK retried as a
+    second generation)."""
+    # The GPU worker is paused past the API's graceful shutdown: not for long enough to count as lost.
+    stack = make_stack(apis=2, postprocess_workers=1, RESQ_WORKER_TTL_S="60", RESQ_DISPATCH_TIMEOUT_S="60")
+    stopped, other = stack.client(0), stack.client(1)
+    api, base_url = stack.apis[0]
+    waiting: dict[str, Any] = {}
+
+    def wait_for_answer() -> None:
+        body = {"model": MODEL, **LONG}
+        waiting["reply"] = httpx.post(f"{base_url}/v1/responses", json=body, timeout=120)
+
+    events: list[dict[str, Any]] = []
+    gpu = stack.gpu_workers[0]
+    answer = threading.Thread(target=wait_for_answer)
+    # The stream ends when the stopping API ends it: cut, or closed without its terminal event.
+    with (
+        contextlib.suppress(openai.APIConnectionError, httpx.HTTPError),
+        stopped.responses.create(model=MODEL, stream=True, **LONG) as stream,
+    ):
+        for event in stream:
+            events.append(as_dict(event))
+            if count_deltas(events) == DELTAS_BEFORE_FAULT:
+                # Paused, the generations outlast the API's graceful shutdown (10 s).
+                os.kill(gpu.process.pid, signal.SIGSTOP)
+                answer.start()
+                time.sleep(1.0)  # the waiting request is accepted (queued behind the pause)
+                api.process.terminate()
+    assert events[-1]["type"] not in TERMINAL
+    answer.join(timeout=60)
+    os.kill(gpu.process.pid, signal.SIGCONT)
+    # uvicorn raises the signal it caught again once it has shut down.
+    assert api.process.wait(timeout=30) in (0, -signal.SIGTERM)
+    reply: httpx.Response = waiting["reply"]
+    assert reply.status_code == 503, reply.text
+    assert reply.headers["x-should-retry"] == "false"
+    assert reply.json()["error"]["type"] == "server_error"
+    waited_id = reply.json()["error"]["message"].split("response ")[1].split(" ")[0]
+
+    response_id = events[0]["response"]["id"]
+    with other.responses.retrieve(
+        response_id, stream=True, starting_after=events[-1]["sequence_number"]
+    ) as resumed:
+        events += [as_dict(event) for event in resumed]
+    final = check_stream(events)
+    assert comparable(final) == references(**LONG), stack.logs()
+    waited = wait_ended(other, waited_id)
+    assert waited.status == "incomplete", waited.status  # ran to max_output_tokens, not cancelled
+    assert "runs on, for its client to resume elsewhere" in api.log_tail(200)
 
 
 # --- Redis ---------------------------------------------------------------------------------------
