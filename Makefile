@@ -10,7 +10,7 @@ CLIENTS_STAMP := $(CLIENTS)/node_modules/.installed-stamp
 # host PyPI's default Linux wheel (CUDA) is the one wanted.
 TORCH := torch==2.13.0
 
-.PHONY: install clients run test test-clients test-fast lint format clean lock docs compose-config bench bench-quick bench-structured bench-affinity bench-agent bench-interval bench-placement bench-transport bench-redis bench-relay bench-grammar bench-attention fuzz soak
+.PHONY: install clients run test test-clients test-fast lint format clean lock docs compose-config bench bench-quick bench-structured bench-affinity bench-agent bench-interval bench-placement bench-transport bench-redis bench-relay bench-grammar bench-attention bench-versus fuzz soak
 
 install: $(STAMP)
 
@@ -108,7 +108,8 @@ docs: install  ## Regenerate the settings table, .env.example and compose's sett
 		deploy/compose.gpu-host.yml
 
 compose-config:  ## Validate docker-compose.yml (needs docker-compose or docker compose, no engine)
-	docker-compose --env-file .env.example config --quiet
+	if docker compose version >/dev/null 2>&1; then docker compose --env-file .env.example config --quiet; \
+	else docker-compose --env-file .env.example config --quiet; fi
 
 format: install
 	$(BIN)/ruff format .

@@ -46,6 +46,11 @@ def register_generate_task(app: Celery, service: GenerationService) -> None:
             service.submit(response_id)
 
 
+ENGINE_FAILED_EXIT_CODE = 3
+"""The GPU worker's exit status after its engine failed: non-zero, so that a supervisor that
+restarts on failure (systemd's ``on-failure``) restarts it; Celery's warm shutdown returns 0."""
+
+
 def _watch_engine(publisher: TokenPublisher) -> None:
     # A dead engine cannot recover in-process: stop the worker so its supervisor
     # (compose, systemd, `resq up`) restarts it, instead of accepting jobs it cannot run.
@@ -148,6 +153,8 @@ def run(settings: Settings) -> int:
                 *worker_options(settings),
             ]
         )
+    if publisher.fatal_error is not None:
+        return ENGINE_FAILED_EXIT_CODE
     return int(exit_code or 0)
 
 

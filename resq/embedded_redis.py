@@ -8,22 +8,57 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+from kombu.utils.url import maybe_sanitize_url
 from redis import Redis
 from redis.exceptions import RedisError
 
+from resq.child_processes import die_with_parent
 from resq.redis_urls import unix_socket_url
 
 
+class RedisRefusedError(RuntimeError):
+    """A server listens at the URL but refuses it (a wrong password, a database it lacks): a
+    setting to fix, not a Redis to replace with an embedded one."""
+
+
 def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
-    """Whether a Redis server answers PING at ``url``."""
+    """Whether a Redis server answers PING at ``url``; False when nothing listens there.
+
+    Raises :class:`RedisRefusedError` when something listens but the PING fails, and ValueError
+    for a URL redis-py cannot read.
+    """
     client = Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
     try:
-        return bool(client.ping())
-    except (RedisError, OSError):
-        return False
+        if not _listens(client.connection_pool.connection_kwargs, timeout_s):
+            return False
+        try:
+            return bool(client.ping())
+        except (RedisError, OSError) as exc:
+            raise RedisRefusedError(f"Redis at {masked_url(url)} refused it: {exc}") from exc
     finally:
         client.close()
+
+
+def _listens(connection: dict[str, Any], timeout_s: float) -> bool:
+    """Whether a socket connects where redis-py would connect (a Unix path, or a host and port)."""
+    try:
+        if "path" in connection:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as unix:
+                unix.settimeout(timeout_s)
+                unix.connect(str(connection["path"]))
+        else:
+            address = (connection.get("host", "localhost"), int(connection.get("port", 6379)))
+            socket.create_connection(address, timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
+
+
+def masked_url(url: str) -> str:
+    """``url`` with its password replaced by ``**``, for logs (as Celery shows its broker)."""
+    return str(maybe_sanitize_url(url)) if "@" in url else url
 
 
 def _free_port() -> int:
@@ -91,6 +126,10 @@ class EmbeddedRedis:
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
+            # Its own session: Ctrl-C, which reaches the terminal's process group, must not stop
+            # Redis before the workers have handed their work back through it.
+            start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         deadline = time.monotonic() + timeout_s
         while not redis_answers(self.url, 0.2):

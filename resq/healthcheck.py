@@ -20,6 +20,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 
 from resq import jsonutil, keys
+from resq.embedded_redis import masked_url
 from resq.redis_types import scored_members
 from resq.settings import Settings
 
@@ -74,7 +75,7 @@ def check_worker(settings: Settings, heartbeat_role: str, members_key: str, host
     try:
         beats = scored_members(client.zrange(members_key, 0, -1, withscores=True))
     except (RedisError, OSError) as exc:
-        return Health(False, f"Redis at {settings.redis_url} does not answer: {exc}")
+        return Health(False, f"Redis at {masked_url(settings.redis_url)} does not answer: {exc}")
     finally:
         client.close()
     now = time.time()

@@ -17,6 +17,24 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from resq.faults import FAULT_POINTS, FaultPoint
 from resq.postprocess.parsers import REASONING_FORMATS, REASONING_PARSERS, TOOL_CALL_FORMATS, TOOL_PARSERS
 
+MAX_TTL_S = 10 * 365 * 86400
+"""The longest TTL a setting may give (Redis refuses an expiry past its 64-bit milliseconds)."""
+MAX_PERIOD_S = 30 * 86400
+"""The longest period or timeout in seconds a setting may give (a timer's wait overflows past it)."""
+SECONDS_FIELDS = (
+    "websocket_max_s",
+    "shutdown_grace_s",
+    "sse_ping_s",
+    "cancel_wait_s",
+    "heartbeat_s",
+    "worker_ttl_s",
+    "postprocess_lease_s",
+    "reaper_interval_s",
+    "dispatch_timeout_s",
+    "gpu_lost_timeout_s",
+    "gpu_stall_timeout_s",
+)
+
 BUILTIN_MODEL = "builtin"
 """Value of ``RESQ_MODEL`` (and its default) that selects the built-in tiny model."""
 
@@ -24,10 +42,17 @@ BUILTIN_MODEL = "builtin"
 class Settings(BaseSettings):
     """Configuration shared by the API, the GPU worker and the post-process workers."""
 
-    model_config = SettingsConfigDict(env_prefix="RESQ_", extra="ignore", validate_default=True)
+    # No inf or nan: an infinite period or TTL overflowed a timer or a Redis EXPIRE at run time.
+    model_config = SettingsConfigDict(
+        env_prefix="RESQ_", extra="ignore", validate_default=True, allow_inf_nan=False
+    )
 
     # --- network -------------------------------------------------------------------------------
-    host: str = Field("127.0.0.1", description="Interface the API (and a worker's metrics port) listens on.")
+    host: str = Field(
+        "127.0.0.1",
+        min_length=1,  # empty, uvicorn listened on every interface
+        description="Interface the API (and a worker's metrics port) listens on.",
+    )
     port: int = Field(8000, ge=1, le=65535, description="Port the API listens on.")
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0",
@@ -183,9 +208,14 @@ class Settings(BaseSettings):
         ),
     )
     transient_ttl_s: int = Field(
-        3600, ge=60, description="TTL of the keys of a response in flight, and of `store=false` responses."
+        3600,
+        ge=60,
+        le=MAX_TTL_S,
+        description="TTL of the keys of a response in flight, and of `store=false` responses.",
     )
-    store_ttl_s: int = Field(30 * 86400, ge=60, description="TTL of stored responses (`store=true`).")
+    store_ttl_s: int = Field(
+        30 * 86400, ge=60, le=MAX_TTL_S, description="TTL of stored responses (`store=true`)."
+    )
     max_pending: int = Field(
         256,
         ge=1,
@@ -339,6 +369,31 @@ class Settings(BaseSettings):
         False,
         description="Send Celery task events and worker heartbeats (what Flower shows); off, they cost Redis traffic.",
     )
+
+    @field_validator(*SECONDS_FIELDS)
+    @classmethod
+    def _a_period_a_timer_takes(cls, value: float) -> float:
+        if value > MAX_PERIOD_S:
+            raise ValueError(f"at most {MAX_PERIOD_S} seconds (30 days)")
+        return value
+
+    @field_validator("worker_ttl_s")
+    @classmethod
+    def _outlives_a_heartbeat(cls, value: float, info: Any) -> float:
+        heartbeat = info.data.get("heartbeat_s")
+        if heartbeat is not None and value <= heartbeat:
+            # A live worker would count as gone between two heartbeats, and its work be taken over.
+            raise ValueError(
+                f"must be longer than RESQ_HEARTBEAT_S ({heartbeat} s): a worker is gone after it"
+            )
+        return value
+
+    @field_validator("model", "builtin_model_dir", mode="before")
+    @classmethod
+    def _not_empty(cls, value: Any) -> Any:
+        if value == "":
+            raise ValueError("must not be empty (an empty path is the working directory)")
+        return value
 
     @field_validator("reasoning_parser", "tool_parser", mode="before")
     @classmethod

@@ -19,13 +19,26 @@ import urllib.request
 from dataclasses import dataclass, field
 from types import FrameType
 
-from resq.embedded_redis import EmbeddedRedis, redis_answers
+from resq.child_processes import die_with_parent
+from resq.embedded_redis import EmbeddedRedis, RedisRefusedError, masked_url, redis_answers
 from resq.settings import Settings
 
 log = logging.getLogger("resq.up")
 
 STOP_GRACE_S = 15.0
+"""How long the roles get to stop on top of the GPU worker's ``RESQ_SHUTDOWN_GRACE_S``."""
 READY_TIMEOUT_S = 600.0
+
+
+def check_metrics_ports(settings: Settings) -> None:
+    """ValueError when the workers' metrics ports (``RESQ_METRICS_PORT`` and one more per
+    post-process worker) would run past the last port."""
+    first, workers = settings.metrics_port, settings.postprocess_workers
+    if first is not None and first + workers > 65535:
+        raise ValueError(
+            f"RESQ_METRICS_PORT={first}: `resq up` gives its {workers + 1} workers the ports "
+            f"{first} to {first + workers}; use one up to {65535 - workers}"
+        )
 
 
 @dataclass
@@ -48,6 +61,7 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         try:
+            check_metrics_ports(self.settings)
             self._ensure_redis()
             self._spawn("gpu-worker", metrics_offset=0)
             for index in range(self.settings.postprocess_workers):
@@ -57,6 +71,11 @@ class Supervisor:
             return self._watch()
         except KeyboardInterrupt:
             return 0
+        except (RedisRefusedError, RuntimeError, ValueError) as exc:
+            # A role that died while starting, a Redis that refuses the URL, a URL that is none:
+            # one line (the role's own output says why it died), not a traceback.
+            log.error("%s; stopping everything", exc)
+            return 1
         finally:
             self._stop_all()
 
@@ -68,9 +87,9 @@ class Supervisor:
 
     def _ensure_redis(self) -> None:
         if redis_answers(self.settings.redis_url):
-            log.info("using Redis at %s", self.settings.redis_url)
+            log.info("using Redis at %s", masked_url(self.settings.redis_url))
             return
-        log.info("no Redis answers at %s; starting an embedded one", self.settings.redis_url)
+        log.info("nothing listens at %s; starting an embedded Redis", masked_url(self.settings.redis_url))
         self.embedded_redis = EmbeddedRedis()
         self.embedded_redis.start()
         self.settings = self.settings.model_copy(update={"redis_url": self.embedded_redis.url})
@@ -81,7 +100,7 @@ class Supervisor:
         if self.settings.metrics_port is not None and metrics_offset is not None:
             # Workers share this host: each serves its metrics on a port of its own.
             env["RESQ_METRICS_PORT"] = str(self.settings.metrics_port + metrics_offset)
-        process = subprocess.Popen([sys.executable, "-m", "resq", role], env=env)
+        process = subprocess.Popen([sys.executable, "-m", "resq", role], env=env, preexec_fn=die_with_parent)
         name = f"{role}{'-' + suffix if suffix else ''}"
         self.children.append(_Child(name, process))
         log.info("started %s (pid %d)", name, process.pid)
@@ -131,7 +150,8 @@ class Supervisor:
         for child in reversed(self.children):
             if child.process.poll() is None:
                 child.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
+        # The GPU worker may drain its requests for RESQ_SHUTDOWN_GRACE_S before it hands back.
+        deadline = time.monotonic() + self.settings.shutdown_grace_s + STOP_GRACE_S
         for child in reversed(self.children):
             remaining = max(0.1, deadline - time.monotonic())
             try:
