@@ -57,9 +57,11 @@ class RequestItems:
     """The items of one request: its own (as ``input_items`` lists them) and all the model is given."""
 
     own: list[Item]
-    """The request's input items, normalised, with ids."""
+    """The request's input items, normalised, with ids, as sent: what is stored (sealed reasoning
+    stays sealed)."""
     conversation: list[Item]
-    """The history it continues, then ``own``: what the model sees before truncation."""
+    """The history it continues, then ``own``, sealed reasoning opened: what the model sees before
+    truncation."""
     conversation_id: str | None = None
     """The ``conversation`` the response belongs to, if any."""
     linked: bool = True
@@ -77,22 +79,37 @@ class FittedPrompt:
 
 
 async def resolve_input(state: AppState, items: list[Item], caller: Caller) -> list[Item]:
-    """``items`` with every ``item_reference`` replaced by the item it names, and sealed content opened.
+    """``items`` with every ``item_reference`` replaced by the item it names, sealed content checked.
 
-    A reasoning item's ``encrypted_content`` (issued with ``include: ["reasoning.encrypted_content"]``)
-    becomes its ``content`` again, the reasoning text exactly as the model wrote it. A compaction
-    item stays sealed (its summary is opened again for each prompt), but is checked here. A reference
+    Sealed items stay sealed: they are stored as the client sent them (a reasoning item sent with
+    only its ``encrypted_content``, by a ``store: false`` client such as Codex, was stored and
+    listed with its text opened). :func:`opened_for_prompt` opens them for a prompt. A reference
     to no item the caller may read, or a blob that does not open, is a 400 naming the item.
     """
     references = [
         (index, item["id"]) for index, item in enumerate(items) if item.get("type") == "item_reference"
     ]
     resolved = await state.store.referenced_items(references, caller)
-    opened: list[Item] = []
+    checked: list[Item] = []
     for index, item in enumerate(items):
         item = resolved.get(index, item)
-        text = opened_text(item, state.sealer, caller.owner, f"input[{index}]")
-        if text is not None and item.get("type") == "reasoning":
+        opened_text(item, state.sealer, caller.owner, f"input[{index}]")
+        checked.append(item)
+    return checked
+
+
+def opened_for_prompt(items: list[Item], sealer: Sealer, owner: str, where: str = "input") -> list[Item]:
+    """``items`` as a prompt renders them: a reasoning item's ``encrypted_content`` (issued with
+    ``include: ["reasoning.encrypted_content"]``) becomes its ``content`` again, the reasoning text
+    exactly as the model wrote it. A compaction item stays sealed (its summary is opened for the
+    template later). Never stored so. ``where``: the parameter a blob that no longer opens is
+    named by (``where[i]``)."""
+    opened: list[Item] = []
+    for index, item in enumerate(items):
+        text = (
+            opened_text(item, sealer, owner, f"{where}[{index}]") if item.get("type") == "reasoning" else None
+        )
+        if text is not None:
             item = {**item, "content": [{"type": "reasoning_text", "text": text}]}
         opened.append(item)
     return opened
@@ -147,28 +164,37 @@ async def gather_items(
     continues = request.previous_response_id is not None or request.conversation_id is not None
     if not new_items and (input_required or not continues):
         raise invalid_value("Missing required parameter: 'input'.", "input", "missing_required_parameter")
+    # Stored as sent (sealed reasoning stays sealed); the prompt gets them opened.
     own = normalise_input(await resolve_input(state, new_items, caller), response_id)
+    sealer, owner = state.sealer, caller.owner
+    own_opened = opened_for_prompt(own, sealer, owner)
     conversation_id = request.conversation_id
     if request.previous_response_id is not None:
         earlier = (local_history or {}).get(request.previous_response_id) or (
             await state.store.earlier_conversation(request.previous_response_id, caller)
         )
         _check_unique_ids(own, [*earlier.conversation, *earlier.output])
-        conversation = continue_conversation(earlier.conversation, earlier.output, own)
+        history = opened_for_prompt(earlier.conversation, sealer, owner, "previous_response_id")
+        conversation = continue_conversation(history, earlier.output, own_opened)
         return check_outputs_answer_calls(RequestItems(own, conversation, linked=earlier.linked))
     if conversation_id is not None:
         # A client may have added sealed reasoning to the conversation: opened like input.
-        history = await resolve_input(
-            state, await state.conversations.prompt_items(conversation_id, caller), caller
+        history = opened_for_prompt(
+            await resolve_input(
+                state, await state.conversations.prompt_items(conversation_id, caller), caller
+            ),
+            sealer,
+            owner,
+            "conversation",
         )
         _check_unique_ids(own, history)
         for index, item in enumerate(own):
             # They join the conversation: ids the item routes could not address are refused,
             # as when they are added there directly.
             check_item_id(str(item.get("id", "")), f"input[{index}].id")
-        return check_outputs_answer_calls(RequestItems(own, [*history, *own], conversation_id))
+        return check_outputs_answer_calls(RequestItems(own, [*history, *own_opened], conversation_id))
     _check_unique_ids(own, [])
-    return check_outputs_answer_calls(RequestItems(own, own))
+    return check_outputs_answer_calls(RequestItems(own, own_opened))
 
 
 def _check_unique_ids(own: list[Item], history: list[Item]) -> None:

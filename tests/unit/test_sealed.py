@@ -6,6 +6,9 @@ import base64
 
 import pytest
 
+from api.errors import OpenAIError
+from api.prompting import opened_for_prompt
+from resq.conversation import items_to_messages
 from resq.sealed import PREFIX, REASONING, Sealer, SealError, sealer_from_settings
 from resq.settings import load_settings
 
@@ -77,3 +80,24 @@ def test_the_content_secret_wins_over_the_owner_secret_and_both_change_the_key()
         with pytest.raises(SealError):
             other.open(REASONING, OWNER, blob)
     assert Sealer(b"o").open(REASONING, OWNER, owner_only.seal(REASONING, OWNER, TEXT)) == TEXT
+
+
+def test_a_sealed_reasoning_item_is_opened_for_the_prompt_only() -> None:
+    """Stored as sent (the blob), the reasoning reaches the chat template as the model wrote it."""
+    sealer = Sealer(b"k1")
+    sent = {
+        "type": "reasoning",
+        "id": "rs_1",
+        "summary": [],
+        "encrypted_content": sealer.seal(REASONING, OWNER, TEXT),
+    }
+    answer = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "4."}]}
+    items = [{"type": "message", "role": "user", "content": "2+2?"}, sent, answer]
+    opened = opened_for_prompt(items, sealer, OWNER)
+    assert items[1] == sent  # the caller's (stored) items are left as they are
+    assert opened[1]["content"] == [{"type": "reasoning_text", "text": TEXT}]
+    (assistant,) = [message for message in items_to_messages(opened) if message["role"] == "assistant"]
+    assert assistant["reasoning_content"] == TEXT
+    with pytest.raises(OpenAIError) as refused:
+        opened_for_prompt(items, Sealer(b"k2"), OWNER, "previous_response_id")
+    assert refused.value.param == "previous_response_id[1].encrypted_content"
