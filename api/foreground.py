@@ -8,6 +8,7 @@ from typing import NoReturn
 
 import anyio
 from fastapi import Request
+from redis.exceptions import RedisError
 from starlette.responses import Response
 
 from api import metrics, stopping
@@ -71,7 +72,7 @@ async def stream_new_response(
     foreground generation (and drops an unstored one); an unstored one is dropped once it was
     delivered, too.
     """
-    finished = False
+    finished = redis_lost = False
     try:
         followed = follow_event_batches(state.redis, accepted.response_id, opened=accepted.opened)
         # Measured after merging: the metrics count and time the events the client is sent.
@@ -79,8 +80,18 @@ async def stream_new_response(
         async for chunk in framing(batches):
             yield chunk
         finished = True
+    except (RedisError, OSError) as error:
+        # Redis is gone past the client's retries: the body ends here, without its terminal event
+        # (docs/reliability.md). Raised on, it was logged as an unhandled error of a response
+        # already started. The client did not leave: nothing to cancel (nor could it be).
+        log.warning(
+            "Redis unreachable while relaying %s (%s); its stream ends here", accepted.response_id, error
+        )
+        redis_lost = True
     finally:
-        if not finished and not accepted.background:
+        if redis_lost:
+            pass
+        elif not finished and not accepted.background:
             await client_left(state, accepted)
         elif finished and not accepted.store:
             await forget_unstored(state, accepted.response_id)

@@ -8,9 +8,11 @@ serves any response, including a stream resumed from the middle.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
+from redis.exceptions import RedisError
 from starlette.responses import Response
 
 from api.deps import CallerDep, StateDep
@@ -21,6 +23,8 @@ from api.query import boolean, check_include, non_negative_int
 from api.relay import coalesced_when_behind, event_stream_response, follow_event_batches, sse_chunks
 from api.state import AppState
 
+log = logging.getLogger(__name__)
+
 router = APIRouter(prefix="/v1")
 
 
@@ -30,8 +34,12 @@ async def _replay(state: AppState, response_id: str, starting_after: int | None)
     # of what is logged, sent exactly; only a live one's later lag is merged.
     followed = follow_event_batches(state.redis, response_id, starting_after)
     batches = coalesced_when_behind(followed, state.settings.sse_coalesce_after)
-    async for chunk in sse_chunks(batches):
-        yield chunk
+    try:
+        async for chunk in sse_chunks(batches):
+            yield chunk
+    except (RedisError, OSError) as error:
+        # As a new response's stream (api.foreground): the body ends, not an unhandled error.
+        log.warning("Redis unreachable while relaying %s (%s); its stream ends here", response_id, error)
 
 
 @router.get("/responses/{response_id}", response_model=None)

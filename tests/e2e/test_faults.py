@@ -677,6 +677,31 @@ def test_redis_restarted_without_its_data_processes_reconnect(make_stack: StackF
     assert all(role.alive() for role in stack.group.processes)
 
 
+def test_a_stream_whose_redis_goes_away_ends_without_an_unhandled_error(make_stack: StackFactory) -> None:
+    """Redis gone past the clients' retries mid-stream: the body ends without its terminal event,
+    and the API logs why (before: an unhandled error of a response already started, with its
+    tracebacks)."""
+    stack = make_stack(postprocess_workers=1)
+    api = stack.apis[0][0]
+    events: list[dict[str, Any]] = []
+    with (
+        contextlib.suppress(openai.APIConnectionError, httpx.HTTPError),
+        stack.client().responses.create(
+            model=MODEL, stream=True, **{**LONG, "max_output_tokens": 1000}
+        ) as stream,
+    ):
+        for event in stream:
+            events.append(as_dict(event))
+            if count_deltas(events) == DELTAS_BEFORE_FAULT:
+                stack.redis_server.stop()
+    assert events[-1]["type"] not in TERMINAL
+    wait_until(
+        lambda: "its stream ends here" in api.log_tail(400), RECOVERY_BOUND_S, "the relay's end", [api]
+    )
+    assert "unhandled error" not in api.log_tail(400)
+    assert api.alive()
+
+
 def test_a_socket_answers_an_unreachable_redis_with_an_error_event_and_serves_again(
     make_stack: StackFactory,
 ) -> None:
