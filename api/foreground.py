@@ -42,14 +42,15 @@ async def forget_unstored(state: AppState, response_id: str) -> None:
         await state.store.delete_keys(response_id)
 
 
-async def client_left(state: AppState, accepted: Accepted) -> None:
+async def client_left(state: AppState, accepted: Accepted, *, stopped_by_server: bool = False) -> None:
     """The client of a foreground response left before its end: stop it, and drop it if unstored.
 
-    When this API process is stopping (:mod:`api.stopping`), its client did not leave: a stored
-    response runs on, for its client to resume on another replica (``starting_after``), as after
-    a ``kill -9`` of the API. An unstored one, which nobody could resume, is still dropped.
+    ``stopped_by_server``: this API process, stopping (:mod:`api.stopping`), ended the stream or
+    closed the socket; the client did not leave. A stored response then runs on, for its client
+    to resume on another replica (``starting_after``), as after a ``kill -9`` of the API. An
+    unstored one, which nobody could resume, is still dropped.
     """
-    if accepted.store and stopping.is_stopping():
+    if accepted.store and stopped_by_server:
         log.info("the API is stopping; %s runs on, for its client to resume elsewhere", accepted.response_id)
     elif accepted.store:
         await _cancel_generation(state, accepted.response_id)
@@ -92,7 +93,10 @@ async def stream_new_response(
         if redis_lost:
             pass
         elif not finished and not accepted.background:
-            await client_left(state, accepted)
+            # An SSE stream's end cannot tell a client that left from a stopping server ending it:
+            # while this process stops, it is taken for the server's (a client that leaves in
+            # those seconds leaves its generation running to its end).
+            await client_left(state, accepted, stopped_by_server=stopping.is_stopping())
         elif finished and not accepted.store:
             await forget_unstored(state, accepted.response_id)
 

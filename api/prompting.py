@@ -98,19 +98,38 @@ async def resolve_input(state: AppState, items: list[Item], caller: Caller) -> l
     return checked
 
 
-def opened_for_prompt(items: list[Item], sealer: Sealer, owner: str, where: str = "input") -> list[Item]:
-    """``items`` as a prompt renders them: a reasoning item's ``encrypted_content`` (issued with
-    ``include: ["reasoning.encrypted_content"]``) becomes its ``content`` again, the reasoning text
-    exactly as the model wrote it. A compaction item stays sealed (its summary is opened for the
-    template later). Never stored so. ``where``: the parameter a blob that no longer opens is
-    named by (``where[i]``)."""
+def opened_for_prompt(items: list[Item], sealer: Sealer, owner: str) -> list[Item]:
+    """A request's own ``items`` as a prompt renders them: a reasoning item's ``encrypted_content``
+    (issued with ``include: ["reasoning.encrypted_content"]``) becomes its ``content`` again, the
+    reasoning text exactly as the model wrote it. A compaction item stays sealed (its summary is
+    opened for the template later). Never stored so. Checked by :func:`resolve_input` first."""
     opened: list[Item] = []
     for index, item in enumerate(items):
         text = (
-            opened_text(item, sealer, owner, f"{where}[{index}]") if item.get("type") == "reasoning" else None
+            opened_text(item, sealer, owner, f"input[{index}]") if item.get("type") == "reasoning" else None
         )
         if text is not None:
             item = {**item, "content": [{"type": "reasoning_text", "text": text}]}
+        opened.append(item)
+    return opened
+
+
+def opened_history(items: list[Item], sealer: Sealer, owner: str) -> list[Item]:
+    """Stored history as a prompt renders it: a reasoning item kept sealed (sent back with its blob
+    only) is opened; one stored with its text (a response's own output) is used as it is. A blob
+    that no longer opens (the secret changed) leaves its item without the text, with a warning,
+    instead of a 400 that no request could get past: the history is stored, not the client's to
+    resend."""
+    opened: list[Item] = []
+    for item in items:
+        if item.get("type") == "reasoning" and not item.get("content") and item.get("encrypted_content"):
+            try:
+                text = opened_text(item, sealer, owner, "history")
+            except OpenAIError:
+                log.warning("a sealed reasoning item of the history no longer opens; left out of the prompt")
+                text = None
+            if text is not None:
+                item = {**item, "content": [{"type": "reasoning_text", "text": text}]}
         opened.append(item)
     return opened
 
@@ -174,18 +193,14 @@ async def gather_items(
             await state.store.earlier_conversation(request.previous_response_id, caller)
         )
         _check_unique_ids(own, [*earlier.conversation, *earlier.output])
-        history = opened_for_prompt(earlier.conversation, sealer, owner, "previous_response_id")
+        history = opened_history(earlier.conversation, sealer, owner)
         conversation = continue_conversation(history, earlier.output, own_opened)
         return check_outputs_answer_calls(RequestItems(own, conversation, linked=earlier.linked))
     if conversation_id is not None:
-        # A client may have added sealed reasoning to the conversation: opened like input.
-        history = opened_for_prompt(
-            await resolve_input(
-                state, await state.conversations.prompt_items(conversation_id, caller), caller
-            ),
-            sealer,
-            owner,
-            "conversation",
+        # A client may have added sealed reasoning to the conversation (checked as it was added,
+        # and holding no item references): opened like stored history.
+        history = opened_history(
+            await state.conversations.prompt_items(conversation_id, caller), sealer, owner
         )
         _check_unique_ids(own, history)
         for index, item in enumerate(own):

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import signal
 import sys
 
 _PR_SET_PDEATHSIG = 1
+
+
+# Looked up here, not in the child: between fork and exec only the call itself is safe.
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
 
 
 def die_with_parent() -> None:
@@ -16,7 +19,5 @@ def die_with_parent() -> None:
     ``resq up`` killed with ``kill -9`` left its workers, API and embedded Redis running, holding
     the ports the next ``make run`` needs. Elsewhere it does nothing.
     """
-    if not sys.platform.startswith("linux"):
-        return
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)

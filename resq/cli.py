@@ -7,6 +7,7 @@ the HF hub) read their progress-bar switches at import, and JSON logs turn those
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -111,7 +112,9 @@ def api(**flags: Any) -> None:
         # it closes the socket with 1009 (message too big) before it is read whole.
         ws_max_size=settings.max_body_bytes,
     )
-    StoppingServer(config).run()
+    # The SIGINT uvicorn raises again after a clean shutdown (uvicorn.run swallows it too).
+    with contextlib.suppress(KeyboardInterrupt):
+        StoppingServer(config).run()
 
 
 @main.command("gpu-worker")

@@ -12,7 +12,7 @@ from typing import Any
 
 from kombu.utils.url import maybe_sanitize_url
 from redis import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
 from resq.child_processes import die_with_parent
 from resq.redis_urls import unix_socket_url
@@ -26,8 +26,9 @@ class RedisRefusedError(RuntimeError):
 def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
     """Whether a Redis server answers PING at ``url``; False when nothing listens there.
 
-    Raises :class:`RedisRefusedError` when something listens but the PING fails, and ValueError
-    for a URL redis-py cannot read.
+    Raises :class:`RedisRefusedError` when the server answers the connection with an error, and
+    ValueError for a URL redis-py cannot read; one that listens but does not answer in time (still
+    starting) is False.
     """
     client = Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
     try:
@@ -35,8 +36,11 @@ def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
             return False
         try:
             return bool(client.ping())
-        except (RedisError, OSError) as exc:
+        except (ResponseError, AuthenticationError) as exc:
+            # An error reply: a wrong password, a database it lacks.
             raise RedisRefusedError(f"Redis at {masked_url(url)} refused it: {exc}") from exc
+        except (RedisError, OSError):
+            return False  # listening, not answering yet (starting, loading its data, busy)
     finally:
         client.close()
 

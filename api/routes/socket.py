@@ -46,6 +46,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
+from api import stopping
 from api.caller import ANONYMOUS, Caller
 from api.errors import (
     OpenAIError,
@@ -72,6 +73,8 @@ CREATE = "response.create"
 SOCKET_ONLY_FIELDS = ("type", "stream_id", "generate")
 """Keys of a ``response.create`` message that are not create parameters."""
 CLOSED = object()
+SERVICE_RESTART = 1012
+"""The close code uvicorn sends its sockets as it shuts down."""
 """What the reader queues when the client closed the socket."""
 MESSAGES_AHEAD = 4
 """Messages read and waiting while a response streams; past them the socket is not read (the
@@ -137,6 +140,8 @@ class Socket:
         self._caller = caller
         self._messages: asyncio.Queue[Any] = asyncio.Queue(maxsize=MESSAGES_AHEAD)
         self._closed = asyncio.Event()
+        self._close_code: int | None = None
+        """The close code of the disconnect, once read (1012: the server restarting)."""
         self._history: dict[str, EarlierConversation] = {}
         """The socket's most recent response, by id, when it is unstored (and in no conversation):
         continued from memory, where HTTP cannot find it. A stored one is continued from the store,
@@ -185,6 +190,7 @@ class Socket:
             while True:
                 message = await self._websocket.receive()
                 if message["type"] == "websocket.disconnect":
+                    self._close_code = message.get("code")
                     break
                 try:
                     # A binary frame is read as UTF-8 text (some clients send their JSON that way;
@@ -263,7 +269,12 @@ class Socket:
         streaming.cancel()
         streaming.add_done_callback(_relay_ended)
         log.info("socket closed while %s streamed", accepted.response_id)
-        await self._best_effort(client_left(self._state, accepted), accepted)
+        # Closed by this process as it stops (uvicorn sends 1012, "service restart"): the client
+        # did not leave.
+        stopped_by_server = stopping.is_stopping() and self._close_code == SERVICE_RESTART
+        await self._best_effort(
+            client_left(self._state, accepted, stopped_by_server=stopped_by_server), accepted
+        )
         return None
 
     async def _best_effort(self, cleanup: Awaitable[None], accepted: Accepted) -> None:

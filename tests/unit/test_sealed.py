@@ -7,7 +7,7 @@ import base64
 import pytest
 
 from api.errors import OpenAIError
-from api.prompting import opened_for_prompt
+from api.prompting import opened_for_prompt, opened_history
 from resq.conversation import items_to_messages
 from resq.sealed import PREFIX, REASONING, Sealer, SealError, sealer_from_settings
 from resq.settings import load_settings
@@ -99,5 +99,28 @@ def test_a_sealed_reasoning_item_is_opened_for_the_prompt_only() -> None:
     (assistant,) = [message for message in items_to_messages(opened) if message["role"] == "assistant"]
     assert assistant["reasoning_content"] == TEXT
     with pytest.raises(OpenAIError) as refused:
-        opened_for_prompt(items, Sealer(b"k2"), OWNER, "previous_response_id")
-    assert refused.value.param == "previous_response_id[1].encrypted_content"
+        opened_for_prompt(items, Sealer(b"k2"), OWNER)
+    assert refused.value.param == "input[1].encrypted_content"
+
+
+def test_stored_history_is_opened_where_sealed_and_never_refused() -> None:
+    """History is the store's, not the client's to resend: a blob that no longer opens (the
+    secret changed) leaves the reasoning out instead of making every continuation a 400, and an
+    item stored with its text (a response's own output) is not opened at all."""
+    sealer = Sealer(b"k1")
+    sealed = {
+        "type": "reasoning",
+        "id": "rs_1",
+        "summary": [],
+        "encrypted_content": sealer.seal(REASONING, OWNER, TEXT),
+    }
+    with_text = {
+        **sealed,
+        "id": "rs_2",
+        "encrypted_content": "not a blob",
+        "content": [{"type": "reasoning_text", "text": "kept"}],
+    }
+    opened = opened_history([sealed, with_text], sealer, OWNER)
+    assert opened[0]["content"] == [{"type": "reasoning_text", "text": TEXT}]
+    assert opened[1] == with_text
+    assert opened_history([sealed], Sealer(b"k2"), OWNER) == [sealed]

@@ -80,7 +80,8 @@ def left(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The responses whose generation the socket stopped as a leaving client's."""
     stopped: list[str] = []
 
-    async def client_left(_state: Any, accepted: Accepted) -> None:
+    async def client_left(_state: Any, accepted: Accepted, *, stopped_by_server: bool = False) -> None:
+        assert not stopped_by_server  # no test here stops the server
         stopped.append(accepted.response_id)
 
     monkeypatch.setattr(socket_route, "client_left", client_left)
