@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import pytest
 
@@ -82,15 +83,20 @@ def test_the_content_secret_wins_over_the_owner_secret_and_both_change_the_key()
     assert Sealer(b"o").open(REASONING, OWNER, owner_only.seal(REASONING, OWNER, TEXT)) == TEXT
 
 
-def test_a_sealed_reasoning_item_is_opened_for_the_prompt_only() -> None:
-    """Stored as sent (the blob), the reasoning reaches the chat template as the model wrote it."""
-    sealer = Sealer(b"k1")
-    sent = {
+def _sealed_reasoning(sealer: Sealer) -> dict[str, Any]:
+    """A reasoning item as Codex sends it back: its blob only, no text."""
+    return {
         "type": "reasoning",
         "id": "rs_1",
         "summary": [],
         "encrypted_content": sealer.seal(REASONING, OWNER, TEXT),
     }
+
+
+def test_a_sealed_reasoning_item_is_opened_for_the_prompt_only() -> None:
+    """Stored as sent (the blob), the reasoning reaches the chat template as the model wrote it."""
+    sealer = Sealer(b"k1")
+    sent = _sealed_reasoning(sealer)
     answer = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "4."}]}
     items = [{"type": "message", "role": "user", "content": "2+2?"}, sent, answer]
     opened = opened_for_prompt(items, sealer, OWNER)
@@ -108,12 +114,7 @@ def test_stored_history_is_opened_where_sealed_and_never_refused() -> None:
     secret changed) leaves the reasoning out instead of making every continuation a 400, and an
     item stored with its text (a response's own output) is not opened at all."""
     sealer = Sealer(b"k1")
-    sealed = {
-        "type": "reasoning",
-        "id": "rs_1",
-        "summary": [],
-        "encrypted_content": sealer.seal(REASONING, OWNER, TEXT),
-    }
+    sealed = _sealed_reasoning(sealer)
     with_text = {
         **sealed,
         "id": "rs_2",
