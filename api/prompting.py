@@ -15,7 +15,7 @@ the count the second returns is exactly the prompt the first would enqueue.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from api.caller import Caller
@@ -66,7 +66,24 @@ class RequestItems:
     """The ``conversation`` the response belongs to, if any."""
     linked: bool = True
     """The history is a chain of turns the response's turn extends (:mod:`resq.turns`); False
-    when it continues a response stored whole, before turns existed."""
+    when it continues a response stored whole (before turns existed, or a WebSocket's unstored
+    one)."""
+    sealed_conversation: list[Item] | None = None
+    """``conversation`` item for item, with reasoning sent sealed still sealed: what is stored or
+    remembered of it (opened again for each prompt). None: the same as ``conversation``."""
+
+    @property
+    def conversation_as_stored(self) -> list[Item]:
+        """What a record (or a socket's memory) keeps of ``conversation``: never opened text."""
+        return self.conversation if self.sealed_conversation is None else self.sealed_conversation
+
+    def compacted(self, summary: Item, first_kept: int) -> RequestItems:
+        """These items after a compaction: ``summary``, then the conversation from ``first_kept`` on."""
+        return replace(
+            self,
+            conversation=[summary, *self.conversation[first_kept:]],
+            sealed_conversation=[summary, *self.conversation_as_stored[first_kept:]],
+        )
 
 
 @dataclass(frozen=True)
@@ -195,21 +212,28 @@ async def gather_items(
         _check_unique_ids(own, [*earlier.conversation, *earlier.output])
         history = opened_history(earlier.conversation, sealer, owner)
         conversation = continue_conversation(history, earlier.output, own_opened)
-        return check_outputs_answer_calls(RequestItems(own, conversation, linked=earlier.linked))
+        # A continuation of a response kept whole stores its history whole: as sealed as it came.
+        sealed_conversation = continue_conversation(earlier.conversation, earlier.output, own)
+        return check_outputs_answer_calls(
+            RequestItems(own, conversation, linked=earlier.linked, sealed_conversation=sealed_conversation)
+        )
     if conversation_id is not None:
         # A client may have added sealed reasoning to the conversation (checked as it was added,
         # and holding no item references): opened like stored history.
-        history = opened_history(
-            await state.conversations.prompt_items(conversation_id, caller), sealer, owner
-        )
+        stored_history = await state.conversations.prompt_items(conversation_id, caller)
+        history = opened_history(stored_history, sealer, owner)
         _check_unique_ids(own, history)
         for index, item in enumerate(own):
             # They join the conversation: ids the item routes could not address are refused,
             # as when they are added there directly.
             check_item_id(str(item.get("id", "")), f"input[{index}].id")
-        return check_outputs_answer_calls(RequestItems(own, [*history, *own_opened], conversation_id))
+        return check_outputs_answer_calls(
+            RequestItems(
+                own, [*history, *own_opened], conversation_id, sealed_conversation=[*stored_history, *own]
+            )
+        )
     _check_unique_ids(own, [])
-    return check_outputs_answer_calls(RequestItems(own, own_opened))
+    return check_outputs_answer_calls(RequestItems(own, own_opened, sealed_conversation=own))
 
 
 def _check_unique_ids(own: list[Item], history: list[Item]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from api import compaction
@@ -61,7 +61,8 @@ class Accepted:
     background: bool
     store: bool
     conversation: list[dict[str, Any]] = field(default_factory=list)
-    """Every item the model was given (before truncation): what a continuation extends."""
+    """Every item the model was given (before truncation), reasoning sent sealed still sealed: what
+    a continuation extends (a WebSocket remembers it for an unstored response)."""
     opened: OpenedLog | None = None
     """The event log, followed since its creation (``accept(..., follow=True)``): the relay's.
     Its relay closes it; unclosed, it stops following when this object is collected."""
@@ -229,7 +230,7 @@ async def _compacted_if_over(
         len(history),
         summary.response_id,
     )
-    return replace(items, conversation=[item, *items.conversation[last_turn:]]), [item], None
+    return items.compacted(item, last_turn), [item], None
 
 
 async def served_tokenizer(state: AppState, model: str) -> TextTokenizer:
@@ -355,7 +356,7 @@ async def accept(
     if items.conversation_id is not None:
         input_record["conversation_id"] = items.conversation_id
     elif not items.linked:
-        input_record["conversation"] = items.conversation
+        input_record["conversation"] = items.conversation_as_stored
     turn_parent = request.previous_response_id if items.linked else None
     linked_turn = store and items.conversation_id is None and items.linked
 
@@ -393,7 +394,7 @@ async def accept(
                 await opened.abandon()
             raise
         log.info("prepared without output: %d prompt tokens", len(prompt_ids))
-        return Accepted(response_id, created, background, store, items.conversation, opened)
+        return Accepted(response_id, created, background, store, items.conversation_as_stored, opened)
     routed = await state.route_generation(model, routing.lookup)
     # The relay's follower joins before the log exists: no catch-up read of what is logged here,
     # and the hub's wake-up (if its read needs one) goes in the step below.
@@ -441,7 +442,7 @@ async def accept(
         bool(request.stream),
         ENDPOINT_OF_PROTOCOL[options.protocol],
     )
-    return Accepted(response_id, created, background, store, items.conversation, opened)
+    return Accepted(response_id, created, background, store, items.conversation_as_stored, opened)
 
 
 @dataclass(frozen=True)

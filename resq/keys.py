@@ -103,7 +103,8 @@ def record(response_id: str) -> str:
 def input_items(response_id: str) -> str:
     """String: JSON ``{"items"}``: the response's own input items (with ids, as ``input_items``
     lists them), and ``conversation_id`` when it belongs to a conversation. (Responses stored
-    before turns existed also hold ``conversation``: every item they were generated from.)"""
+    before turns existed, and a stored one continuing a WebSocket's unstored response, also hold
+    ``conversation``: every item they were generated from, sealed reasoning as it was sent.)"""
     return _response(response_id, "input")
 
 

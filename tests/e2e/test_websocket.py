@@ -10,10 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import websockets.exceptions
 import websockets.sync.client
 
+from resq import keys
 from tests.e2e.conftest import MODEL, Stack, start_stack
+from tests.e2e.test_agent_clients import REASONING_PROMPT
 from tests.support.invariants import as_dict, check_stream, output_text
 from tests.support.processes import RoleProcess
 from tests.support.responses import wait_ended
@@ -254,6 +257,57 @@ def test_a_stored_response_is_continued_from_the_store_as_over_http(stack: Stack
         error = until_terminal(connection)[-1]
         assert error["type"] == "error" and error["error"]["param"] == "previous_response_id", error
     assert len(client.conversations.items.list(conversation.id).data) == 2  # the turn, and no more
+
+
+def test_sealed_reasoning_sent_to_an_unstored_turn_stays_sealed_in_a_stored_continuation(
+    stack: Stack, redis_client: redis.Redis
+) -> None:
+    """Codex's reasoning, sent back sealed to a ``store: false`` turn, is opened for that turn's
+    prompt only: a stored turn continuing it on the socket keeps its history as sent (it stored
+    the socket's opened copy, the reasoning's text readable at rest)."""
+    client = stack.client()
+    first = client.responses.create(
+        model=MODEL,
+        input=REASONING_PROMPT,
+        temperature=0,
+        store=False,
+        include=["reasoning.encrypted_content"],
+    )
+    (reasoning,) = [item for item in first.output if item.type == "reasoning"]
+    assert reasoning.encrypted_content and reasoning.content
+    echoed = {
+        "type": "reasoning",
+        "id": reasoning.id,
+        "summary": [],
+        "encrypted_content": reasoning.encrypted_content,
+    }
+    answer = [item.model_dump(exclude_none=True) for item in first.output if item.type == "message"]
+    with client.responses.connect() as connection:
+        connection.response.create(
+            model=MODEL,
+            input=[
+                {"role": "user", "content": REASONING_PROMPT},
+                echoed,
+                *answer,
+                {"role": "user", "content": "Thanks."},
+            ],
+            store=False,
+            temperature=0,
+            max_output_tokens=8,
+        )
+        unstored = check_stream(until_terminal(connection))
+        connection.response.create(
+            model=MODEL,
+            input="Again.",
+            previous_response_id=unstored["id"],
+            temperature=0,
+            max_output_tokens=8,
+        )
+        stored = check_stream(until_terminal(connection))
+    assert stored["previous_response_id"] == unstored["id"]
+    record = json.loads(redis_client.get(keys.input_items(stored["id"])) or b"{}")
+    (kept,) = [item for item in record["conversation"] if item.get("id") == reasoning.id]
+    assert kept["encrypted_content"] == reasoning.encrypted_content and not kept.get("content"), kept
 
 
 def test_the_sdks_socket_fields_and_a_stream_id_json_cannot_carry(stack: Stack) -> None:
