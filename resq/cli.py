@@ -65,6 +65,16 @@ def _settings(flags: dict[str, Any]) -> Settings:
         raise click.ClickException(f"invalid settings:\n{problems}") from exc
 
 
+def _check_api_keys(settings: Settings) -> None:
+    """One line, not the traceback of a failed start-up, for ``RESQ_API_KEYS`` naming no usable key."""
+    from api.auth import APIKeyError, parse_api_keys
+
+    try:
+        parse_api_keys(settings.api_keys.get_secret_value() if settings.api_keys else None)
+    except APIKeyError as exc:
+        raise click.ClickException(f"invalid settings:\n  RESQ_API_KEYS: {exc}") from exc
+
+
 @click.group()
 @click.version_option(package_name="resq")
 def main() -> None:
@@ -76,6 +86,7 @@ def main() -> None:
 def up(**flags: Any) -> None:
     """Run everything: Redis (embedded if none answers), a GPU worker, post-process workers, the API."""
     settings = _settings(flags)
+    _check_api_keys(settings)  # before Redis and the workers start, not when the API does
     configure_logging(settings.log_level, "up", settings.log_format)
     from resq.supervisor import Supervisor
 
@@ -87,6 +98,7 @@ def up(**flags: Any) -> None:
 def api(**flags: Any) -> None:
     """Run the API (uvicorn)."""
     settings = _settings(flags)
+    _check_api_keys(settings)
     configure_logging(settings.log_level, "api", settings.log_format)
     import uvicorn
 

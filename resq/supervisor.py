@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -41,6 +42,24 @@ def check_metrics_ports(settings: Settings) -> None:
         )
 
 
+def check_port_free(host: str, port: int) -> None:
+    """ValueError when ``host:port`` cannot be bound: another process listens there, and its
+    ``/health`` would pass for this API's (which would then die on its bind)."""
+    try:
+        family, kind, proto, _name, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            # As uvicorn binds: a port left in TIME_WAIT by a stopped resq is free.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        raise ValueError(
+            f"RESQ_PORT={port}: the API cannot listen on {host}:{port} ({exc.strerror or exc}); "
+            "is another resq running? Stop it or choose another port"
+        ) from None
+
+
 @dataclass
 class _Child:
     name: str
@@ -62,6 +81,7 @@ class Supervisor:
         signal.signal(signal.SIGINT, self._on_signal)
         try:
             check_metrics_ports(self.settings)
+            check_port_free(self.settings.host, self.settings.port)
             self._ensure_redis()
             self._spawn("gpu-worker", metrics_offset=0)
             for index in range(self.settings.postprocess_workers):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from click.testing import CliRunner
 
 import api.auth
 from api.auth import (
@@ -27,6 +28,7 @@ from api.gate import protected
 from api.rate_limit import TOKEN_BUCKET_LUA, RateLimiter
 from api.state import load_keyring
 from resq import ids, jsonutil, keys
+from resq.cli import main
 from resq.records import CANCEL_LUA, FINALIZE_LUA, MARK_IN_PROGRESS_LUA
 from resq.redis_client import async_redis
 from resq.settings import Settings
@@ -75,6 +77,19 @@ def test_key_errors_never_show_a_key(tmp_path: Path) -> None:
     with pytest.raises(APIKeyError) as spaced:
         parse_api_keys(f"{KEY_A},sk-has space")
     assert "#2" in str(spaced.value) and "space" not in str(spaced.value).replace("whitespace", "")
+
+
+@pytest.mark.parametrize("command", ["api", "up"])
+def test_a_bad_key_setting_stops_the_start_with_one_line(tmp_path: Path, command: str) -> None:
+    """Before anything starts (``up``: no Redis, no workers), not as uvicorn's start-up traceback."""
+    result = CliRunner().invoke(
+        main,
+        [command],
+        env={"RESQ_API_KEYS": f"@{tmp_path / 'missing'}", "RESQ_REDIS_URL": "redis://127.0.0.1:1/0"},
+    )
+    assert result.exit_code == 1, result.output
+    assert "RESQ_API_KEYS: cannot read the API key file" in result.output
+    assert "Traceback" not in result.output
 
 
 def test_the_setting_is_secret_in_reprs_but_reaches_child_processes() -> None:

@@ -3,6 +3,7 @@ Redis that refuses its URL from one that is not there."""
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import pytest
@@ -10,7 +11,7 @@ from pydantic import ValidationError
 
 from resq.embedded_redis import RedisRefusedError, masked_url, redis_answers
 from resq.settings import Settings
-from resq.supervisor import check_metrics_ports
+from resq.supervisor import check_metrics_ports, check_port_free
 from tests.support.processes import free_port
 from tests.support.redis_server import PrivateRedis
 
@@ -44,6 +45,19 @@ def test_resq_up_refuses_metrics_ports_past_the_last_one() -> None:
     check_metrics_ports(Settings(metrics_port=65533))
     with pytest.raises(ValueError, match="65535 to 65537"):  # its workers would get 65536 and on
         check_metrics_ports(Settings(metrics_port=65535))
+
+
+def test_resq_up_refuses_a_port_another_process_listens_on() -> None:
+    port = free_port()
+    check_port_free("127.0.0.1", port)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", port))
+        listener.listen()
+        with pytest.raises(ValueError, match=f"RESQ_PORT={port}: the API cannot listen"):
+            check_port_free("127.0.0.1", port)
+        with pytest.raises(ValueError):  # every address includes the one taken
+            check_port_free("0.0.0.0", port)
+    check_port_free("127.0.0.1", port)
 
 
 def test_a_redis_that_refuses_the_url_is_an_error_and_nothing_listening_is_no_redis(
