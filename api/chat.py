@@ -201,13 +201,19 @@ def responses_request(request: ChatCompletionRequest) -> CreateResponseRequest:
 
 
 _PARAM_PREFIXES = (
+    ("reasoning.effort", "reasoning_effort"),
     ("input", "messages"),
     ("text.format", "response_format.json_schema"),
     ("text", "response_format"),
 )
 """Responses parameter paths and the chat parameters they were translated from."""
-_NOT_IN_CHAT = ", or send truncation 'auto'"
-"""Advice of a Responses message that chat cannot follow (``truncation`` is no chat parameter)."""
+_CHAT_WORDING = (
+    (", or send truncation 'auto'", ""),  # `truncation` is no chat parameter
+    ("reasoning.effort", "reasoning_effort"),
+    ("The input has ", "The messages make "),  # an assistant's tool calls are an item each
+    ("(compact or truncate the conversation)", "(shorten the conversation)"),
+)
+"""A Responses message's words, and what chat calls them (or advice it cannot follow, dropped)."""
 
 
 _FUNCTION_TOOL_FIELD = re.compile(r"^(tools\[\d+\])\.(name|description|parameters|strict)(?=$|[.\[])")
@@ -219,7 +225,9 @@ def in_chat_terms(error: OpenAIError, request: ChatCompletionRequest) -> OpenAIE
     ``response_format``'s schema, the context length), naming the chat parameter it came from
     (the output limit as the request sent it: ``max_completion_tokens`` or ``max_tokens``)."""
     limit_name = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
-    message = error.message.replace("max_output_tokens", limit_name).replace(_NOT_IN_CHAT, "")
+    message = error.message.replace("max_output_tokens", limit_name)
+    for responses_words, chat_words in _CHAT_WORDING:
+        message = message.replace(responses_words, chat_words)
     param = error.param
     if param is not None:
         param = _FUNCTION_TOOL_FIELD.sub(r"\1.function.\2", param)

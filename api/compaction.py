@@ -43,8 +43,10 @@ MIN_SUMMARY_TOKENS = 16
 
 
 def summary_budget(conversation_tokens: int, configured: int) -> int:
-    """The summary's ``max_output_tokens``: the configured budget, and at most half the conversation,
-    so that a compaction always shortens the prompt (whatever the model writes)."""
+    """The summary's ``max_output_tokens``: the configured budget, and at most half the conversation
+    (never below ``MIN_SUMMARY_TOKENS``), so that the summary is shorter than what it replaces
+    whatever the model writes. The prompt after a compaction also holds the summary's framing and
+    the last turn again: one of a conversation only a few dozen tokens long can be longer."""
     return max(MIN_SUMMARY_TOKENS, min(configured, conversation_tokens // 2))
 
 

@@ -132,7 +132,14 @@ def _request_model_names() -> frozenset[str]:
     return frozenset(names)
 
 
-def _param_path(loc: Sequence[int | str], skip_tags: bool = True) -> str | None:
+CHAT_FIELDS = frozenset({"function"})
+"""Names that are fields of a Chat Completions body (a tool's, a tool call's, a ``tool_choice``'s
+``function``), where in a Responses body they are union tags."""
+
+
+def _param_path(
+    loc: Sequence[int | str], skip_tags: bool = True, fields: frozenset[str] = frozenset()
+) -> str | None:
     parts: list[str] = []
     for index, component in enumerate(loc):
         if index == 0 and component == "body":
@@ -143,6 +150,9 @@ def _param_path(loc: Sequence[int | str], skip_tags: bool = True) -> str | None:
             continue
         if not _WORD.match(component):
             continue  # e.g. "list[tagged-union[...]]", "function-after[...]"
+        if component in fields:
+            parts.append(component)
+            continue
         if index > 0 and component in _TAG_AFTER.get(str(loc[index - 1]), frozenset()):
             continue
         if index > 0 and component in _request_model_names():
@@ -205,13 +215,14 @@ RAW_BODY_ERRORS = ("invalid_unicode", "nesting_limit", "items_limit", "number_ra
 """The errors of :func:`api.schemas.check_raw_body`: their messages are written for the client."""
 
 
-def validation_error_to_openai(errors: Sequence[Any]) -> OpenAIError:
-    """One OpenAI error for pydantic's list of errors."""
+def validation_error_to_openai(errors: Sequence[Any], fields: frozenset[str] = frozenset()) -> OpenAIError:
+    """One OpenAI error for pydantic's list of errors; ``fields``: names that are fields of this
+    body (:data:`CHAT_FIELDS`) though a Responses body has them as union tags."""
     if not errors:
         return invalid_value("The request is invalid.", None)
     error = _pick(errors)
     kind: str = error["type"]
-    param = _param_path(error["loc"])
+    param = _param_path(error["loc"], fields=fields)
     if kind in RAW_BODY_ERRORS:
         return invalid_value(str(error["msg"]), (error.get("ctx") or {}).get("param"))
     if kind == "json_invalid" or (kind == "missing" and param is None):  # no body at all
@@ -251,8 +262,9 @@ def install_error_handlers(app: FastAPI) -> None:
         return json_response(exc.body(), status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> Response:
-        error = validation_error_to_openai(exc.errors())
+    async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
+        chat = request.url.path.endswith("/chat/completions")
+        error = validation_error_to_openai(exc.errors(), CHAT_FIELDS if chat else frozenset())
         return json_response(error.body(), status_code=error.status_code)
 
     @app.exception_handler(StarletteHTTPException)

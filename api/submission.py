@@ -159,17 +159,19 @@ def _tool_choice_echo(request: CreateResponseRequest) -> Any:
     return choice.model_dump()
 
 
-def stop_token_ids(
-    tokenizer: TextTokenizer, plan: GenerationPlan, stop_sequences: tuple[str, ...] = ()
-) -> list[int]:
-    """Tokens that end this request besides the model's own end tokens.
+def stop_token_ids(tokenizer: TextTokenizer, plan: GenerationPlan) -> list[int]:
+    """Tokens that end this request besides the model's own end tokens: the end tag of a single
+    forced call, when it is one token of the vocabulary.
 
-    Only a stop text that is one token of the vocabulary can stop the engine; otherwise
-    the post-processor alone ends the answer there (and stops the engine once it did).
+    Chat's ``stop`` strings never stop the engine: they are searched in the answer text only
+    (:mod:`resq.postprocess.stops`), and the post-processor stops the engine once one matched. As
+    engine stop tokens, a one-token stop string ended reasoning and tool calls too, and matched
+    the vocabulary's spelling (``Ġ4``), not the text.
     """
-    texts = [plan.stop_after] if plan.stop_after is not None else []
-    found = (tokenizer.tokenizer.token_to_id(text) for text in [*texts, *stop_sequences])
-    return sorted({token_id for token_id in found if token_id is not None})
+    if plan.stop_after is None:
+        return []
+    token_id = tokenizer.tokenizer.token_to_id(plan.stop_after)
+    return [] if token_id is None else [token_id]
 
 
 def generation_limit(
@@ -371,7 +373,7 @@ async def accept(
         max_output_tokens=limit,
         temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
         top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
-        stop_token_ids=stop_token_ids(tokenizer, plan, chat.stop if chat is not None else ()),
+        stop_token_ids=stop_token_ids(tokenizer, plan),
         logprobs=plan.logprobs,
         grammar=grammar,
         presence_penalty=request.presence_penalty or 0.0,

@@ -669,6 +669,51 @@ CASES = [
             response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}
         ),
     ),
+    # `function` is a field of a chat tool, tool call and tool_choice (a union tag in Responses).
+    Case(
+        "chat_tool_bad_name",
+        400,
+        "invalid_value",
+        "tools[0].function.name",
+        path=CHAT,
+        json=chat(tools=[{"type": "function", "function": {"name": "bad name"}}]),
+    ),
+    Case(
+        "chat_tool_without_function",
+        400,
+        "missing_required_parameter",
+        "tools[0].function",
+        path=CHAT,
+        json=chat(tools=[{"type": "function"}]),
+    ),
+    Case(
+        "chat_tool_choice_without_name",
+        400,
+        "missing_required_parameter",
+        "tool_choice.function.name",
+        path=CHAT,
+        json=chat(
+            tools=[{"type": "function", "function": {"name": "f"}}],
+            tool_choice={"type": "function", "function": {}},
+        ),
+    ),
+    Case(
+        "chat_tool_call_arguments_object",
+        400,
+        "invalid_type",
+        "messages[0].tool_calls[0].function.arguments",
+        path=CHAT,
+        json=chat(
+            messages=[
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {}}}
+                    ],
+                }
+            ]
+        ),
+    ),
     Case("chat_wrong_method", 405, None, None, method="GET", path=CHAT),
     Case("unknown_route", 404, None, None, method="GET", path="/v1/nothing-here"),
     Case("wrong_method", 405, None, None, method="PUT", path="/v1/responses"),

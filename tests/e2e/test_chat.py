@@ -291,6 +291,24 @@ def test_stop_sequences_end_the_answer_before_them(client: OpenAI, fixture_model
     assert finish_reason(chunks) == "stop"
 
 
+@pytest.mark.parametrize("stop", [".", "Rome"])
+def test_a_stop_string_of_one_token_passes_reasoning_and_calls(client: OpenAI, stop: str) -> None:
+    """Stop strings are searched in the answer only, whatever their tokens: one that was a whole
+    token of the vocabulary stopped the engine itself, in reasoning and in a tool call's markup."""
+    reasoned = client.chat.completions.create(
+        model=MODEL, messages=messages("reasoning"), temperature=0, stop=stop
+    ).choices[0]
+    assert reasoned.message.model_dump()["reasoning_content"] == "Two plus two equals four."
+    answer = "The answer is 4."
+    assert reasoned.message.content == (answer[: answer.index(stop)] if stop in answer else answer)
+    called = client.chat.completions.create(
+        model=MODEL, messages=messages("two_tool_calls"), tools=[GET_WEATHER_TOOL], temperature=0, stop=stop
+    ).choices[0]
+    assert called.finish_reason == "tool_calls" and not called.message.content
+    calls = called.message.tool_calls or []
+    assert [json.loads(call.function.arguments)["city"] for call in calls] == ["Paris", "Rome"]  # type: ignore[union-attr]
+
+
 class Answer(BaseModel):
     answer: Literal[4]
 

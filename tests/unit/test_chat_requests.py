@@ -180,6 +180,25 @@ def test_a_translated_message_names_the_limit_as_sent_and_gives_no_responses_adv
         CHAT,
     )
     assert too_long.message == "Too long. Please reduce the input or max_tokens."
+    no_switch = in_chat_terms(
+        OpenAIError(400, "reasoning.effort 'none' cannot be honoured.", param="reasoning.effort"), CHAT
+    )
+    assert (no_switch.param, no_switch.message) == (
+        "reasoning_effort",
+        "reasoning_effort 'none' cannot be honoured.",
+    )
+    too_many_items = in_chat_terms(
+        OpenAIError(
+            400,
+            "The input has 4101 items; at most 4096 are allowed (compact or truncate the conversation).",
+            param="input",
+        ),
+        CHAT,
+    )
+    assert (too_many_items.param, too_many_items.message) == (
+        "messages",
+        "The messages make 4101 items; at most 4096 are allowed (shorten the conversation).",
+    )
 
 
 def test_completion_ids_follow_the_response_id() -> None:
