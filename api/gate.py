@@ -19,6 +19,7 @@ from api.caller import Caller
 from api.errors import OpenAIError, rate_limited
 from api.http import json_response
 from api.state import AppState
+from resq import jsonutil
 from resq.logs import printable
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,8 @@ class Gate:
         state: AppState = scope["app"].state.resq
         try:
             caller = state.keyring.authenticate(Headers(scope=scope).get("authorization"))
-            await _check_rate(state, caller)
+            if scope["type"] == "http":  # a socket's messages are counted, one by one, not its handshake
+                await check_rate(state, caller)
         except OpenAIError as error:
             # Never the header itself: the key must not reach a log. The path is the client's,
             # decoded (`%0A` is a newline): escaped, it cannot start a forged log line.
@@ -54,9 +56,12 @@ class Gate:
             method = scope.get("method", "WEBSOCKET")
             log.info("%s %s refused (%d): %s", method, path, error.status_code, error.code)
             if scope["type"] == "websocket":
-                # Closed before it was accepted: the server refuses the upgrade (HTTP 403).
-                await receive()
-                await send({"type": "websocket.close", "code": 1008, "reason": error.code or ""})
+                await receive()  # websocket.connect
+                if "websocket.http.response" in scope.get("extensions", {}):
+                    # The upgrade refused with the answer HTTP gives (a 401 and its OpenAI body).
+                    await _deny_upgrade(error, send)
+                else:  # a server without the extension refuses it with a bare 403
+                    await send({"type": "websocket.close", "code": 1008, "reason": error.code or ""})
                 return
             await json_response(error.body(), error.status_code, error.headers)(scope, receive, send)
             return
@@ -64,7 +69,19 @@ class Gate:
         await self.app(scope, receive, send)
 
 
-async def _check_rate(state: AppState, caller: Caller) -> None:
+async def _deny_upgrade(error: OpenAIError, send: Send) -> None:
+    body = jsonutil.dumps(error.body())
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *((name.lower().encode(), value.encode()) for name, value in (error.headers or {}).items()),
+    ]
+    await send({"type": "websocket.http.response.start", "status": error.status_code, "headers": headers})
+    await send({"type": "websocket.http.response.body", "body": body})
+
+
+async def check_rate(state: AppState, caller: Caller) -> None:
+    """Take one request from ``caller``'s rate limit; a 429 ``rate_limit_exceeded`` when none is left."""
     limiter = state.rate_limiter
     if limiter is None:
         return

@@ -7,8 +7,9 @@ terminal one (once per response, for its token usage).
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextvars import ContextVar
 from typing import Any
 
@@ -116,6 +117,17 @@ class HTTPMetricsMiddleware:
             route = getattr(scope.get("route"), "path", UNMATCHED_ROUTE)
             REQUESTS.labels(route, scope["method"], str(status)).inc()
             _REQUEST_STARTED.reset(token)
+
+
+@contextlib.contextmanager
+def request_timed() -> Iterator[None]:
+    """Within it, a request that did not come as HTTP (a WebSocket message) started now: what
+    its stream's time to first token counts from (:class:`HTTPMetricsMiddleware` notes HTTP's)."""
+    token = _REQUEST_STARTED.set(time.perf_counter())
+    try:
+        yield
+    finally:
+        _REQUEST_STARTED.reset(token)
 
 
 def record_delivered(response: dict[str, Any] | None) -> None:

@@ -288,7 +288,10 @@ class Settings(BaseSettings):
     rate_limit_rpm: int = Field(
         0,
         ge=0,
-        description="Requests per minute each API key may send to `/v1/*` (token bucket); 0: no limit.",
+        description=(
+            "Requests per minute each API key may send to `/v1/*` (token bucket; each WebSocket "
+            "message is a request, its handshake is not); 0: no limit."
+        ),
     )
 
     # --- liveness ------------------------------------------------------------------------------

@@ -5,8 +5,9 @@ What the SDK's ``client.responses.connect()`` speaks: the client sends
 ``background`` is refused); the server answers with the same events as the SSE
 stream, each one WebSocket text message, the very bytes the event log holds. Messages
 are handled in order, one response in flight per socket: a ``response.create`` sent
-while one streams waits its turn (FIFO); past :data:`MESSAGES_AHEAD` waiting, the socket is
-not read until one is taken. A message that fails gets an ``error`` event with
+while one streams waits its turn (FIFO); one that finds :data:`MESSAGES_AHEAD` waiting is
+refused at once with a 429 ``too_many_messages_waiting`` error event (the socket is always
+read, so that a close is seen while messages wait). A message that fails gets an ``error`` event with
 the HTTP status and OpenAI error the same body gets over HTTP (a 4xx; a 503 while Redis is
 unreachable; a 500), and the socket stays usable; so does a response whose relay fails
 mid-stream, or that is deleted while it streams (a 404), which ends with such an event.
@@ -25,8 +26,9 @@ no response streams, the server sends an ``error`` whose code is
 ``websocket_connection_limit_reached`` and closes it; the client opens a new one.
 
 The same key, rate limit, admission, limits and validation as HTTP: the gate
-authenticates the handshake (a bad key: the upgrade is refused with 403), and each
-message runs :func:`api.submission.accept`. The disconnect rules of a foreground
+authenticates the handshake (a bad key: the upgrade is refused with the 401 HTTP gives), and
+each message is counted by the key's rate limit (a 429 error event) and runs
+:func:`api.submission.accept`. The disconnect rules of a foreground
 stream hold: a socket that closes while a response streams cancels its generation
 (an unstored one is dropped). Each response's events are in its event log, so a
 socket that drops can resume over HTTP (``GET /v1/responses/{id}?stream=true&starting_after=N``).
@@ -46,7 +48,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
-from api import stopping
+from api import metrics, stopping
 from api.caller import ANONYMOUS, Caller
 from api.errors import (
     OpenAIError,
@@ -56,7 +58,7 @@ from api.errors import (
     validation_error_to_openai,
 )
 from api.foreground import client_left, forget_unstored
-from api.gate import caller_of
+from api.gate import caller_of, check_rate
 from api.relay import coalesced_when_behind, follow_event_batches
 from api.schemas import CreateResponseRequest, not_utf8
 from api.state import AppState
@@ -77,10 +79,10 @@ SERVICE_RESTART = 1012
 """The close code uvicorn sends its sockets as it shuts down."""
 """What the reader queues when the client closed the socket."""
 MESSAGES_AHEAD = 4
-"""Messages read and waiting while a response streams; past them the socket is not read (the
-client's sends block), so a client that pipelines requests holds at most this many bodies in the
-API's memory, not as many as it sends: 200 messages of 1 MiB sent while a response streamed
-raised the API's RSS by 210 MB at its peak without the bound, by 10 MB with it."""
+"""Messages read and waiting while a response streams; one more is refused (a 429 error event),
+so a client that pipelines requests holds at most this many bodies in the API's memory, not as
+many as it sends: 200 messages of 1 MiB sent while a response streamed raised the API's RSS by
+210 MB at its peak without a bound, by 10 MB with one."""
 
 
 def error_event(error: OpenAIError, stream_id: str | None = None) -> dict[str, Any]:
@@ -140,6 +142,7 @@ class Socket:
         self._caller = caller
         self._messages: asyncio.Queue[Any] = asyncio.Queue(maxsize=MESSAGES_AHEAD)
         self._closed = asyncio.Event()
+        self._sending = asyncio.Lock()
         self._close_code: int | None = None
         """The close code of the disconnect, once read (1012: the server restarting)."""
         self._history: dict[str, EarlierConversation] = {}
@@ -201,9 +204,16 @@ class Socket:
                         text = (message.get("bytes") or b"").decode()
                     # Parsed as FastAPI parses an HTTP body (integers of any size stay integers), so
                     # that a message and a body are refused for the same numbers (check_raw_body).
-                    await self._messages.put(json.loads(text))
+                    parsed: Any = json.loads(text)
                 except (ValueError, RecursionError):  # not UTF-8 or not JSON; nested past recursion
-                    await self._messages.put(None)  # answered with invalid_json, in its turn
+                    parsed = None  # answered with invalid_json, in its turn
+                if self._messages.full():
+                    # Refused now rather than left unread: a reader that waits for room stops
+                    # reading the socket, and a close behind the waiting messages went unseen (the
+                    # streaming generation ran on, and the messages queued were answered).
+                    await self._refuse_waiting(parsed)
+                    continue
+                self._messages.put_nowait(parsed)
         except (WebSocketDisconnect, RuntimeError):
             pass
         except Exception:  # a bug here must close the socket, never leave it unanswered
@@ -211,10 +221,29 @@ class Socket:
         self._closed.set()
         await self._messages.put(CLOSED)
 
+    async def _refuse_waiting(self, message: Any) -> None:
+        """Answer a message that found :data:`MESSAGES_AHEAD` waiting: not accepted (a 429)."""
+        stream_id = message.get("stream_id") if isinstance(message, dict) else None
+        refused = OpenAIError(
+            429,
+            f"{MESSAGES_AHEAD} messages already wait on this WebSocket while a response streams; "
+            "this one was not accepted: send it once a response has ended.",
+            type="requests",
+            code="too_many_messages_waiting",
+        )
+        echoed = stream_id if isinstance(stream_id, str) and not not_utf8(stream_id) else None
+        await self._send(error_event(refused, echoed))
+
     async def _handle(self, message: Any) -> None:
         stream_id = message.get("stream_id") if isinstance(message, dict) else None
         previous = message.get("previous_response_id") if isinstance(message, dict) else None
+        with metrics.request_timed():  # what the response's time to first token counts from
+            await self._create(message, stream_id, previous)
+
+    async def _create(self, message: Any, stream_id: Any, previous: Any) -> None:
         try:
+            # Each message is a request: the key's rate limit counts it (the handshake is not counted).
+            await check_rate(self._state, self._caller)
             request, stream_id = create_request(message)
             # `generate: false`: the response is prepared without output (a later turn continues it).
             generate = message.get("generate") is not False
@@ -289,7 +318,11 @@ class Socket:
         last: bytes | None = None
         # One message per event: a slow reader blocks the sends, so its next batch is long.
         followed = follow_event_batches(self._state.redis, accepted.response_id, opened=accepted.opened)
-        async for batch in coalesced_when_behind(followed, self._state.settings.sse_coalesce_after):
+        # Measured after merging, as an SSE stream is: delivered, output tokens, TTFT, active streams.
+        batches = metrics.measured_batches(
+            coalesced_when_behind(followed, self._state.settings.sse_coalesce_after)
+        )
+        async for batch in batches:
             for _, data in batch:
                 await self._send_text(with_stream_id(data, stream_id))
                 last = data
@@ -306,7 +339,8 @@ class Socket:
 
     async def _send_text(self, text: str) -> None:
         try:
-            await self._websocket.send_text(text)
+            async with self._sending:  # the reader's refusals and the relay's events, whole frames
+                await self._websocket.send_text(text)
         except (WebSocketDisconnect, RuntimeError):
             self._closed.set()
             raise

@@ -10,6 +10,7 @@ tests/unit/test_auth.py), so the parametrised two-mode ``stack`` would only doub
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from openai import OpenAI
 from api.auth import fingerprint
 from tests.e2e.conftest import MODEL, Stack, start_stack
 from tests.fixture_model import scenario
+from tests.support.invariants import as_dict
 from tests.support.processes import RoleProcess
 
 pytestmark = pytest.mark.e2e
@@ -482,12 +484,40 @@ def test_no_key_reaches_the_logs(auth_stack: Stack) -> None:
         assert key not in log
 
 
+def test_each_socket_message_is_counted_by_the_rate_limit(auth_stack: Stack) -> None:
+    """A socket's messages are requests: over the limit one gets a 429 error event, and the socket
+    serves on (10 creates on one socket passed a limit of 3 a minute; the handshake took one)."""
+    carol = sdk(auth_stack, KEY_C)
+    with carol.responses.connect() as connection:  # the handshake takes no token
+        while True:  # empty the bucket
+            try:
+                carol.models.list()
+            except openai.RateLimitError:
+                break
+        connection.response.create(model=MODEL, input="Say hello.", max_output_tokens=4)
+        error = as_dict(connection.recv())
+        assert (error["type"], error["status"], error["error"]["code"]) == (
+            "error",
+            429,
+            "rate_limit_exceeded",
+        )
+        time.sleep(1.5)  # refilled by 2 a second
+        connection.response.create(model=MODEL, input="Say hello.", max_output_tokens=4)
+        events = [as_dict(connection.recv())]
+        while events[-1]["type"] not in ("response.completed", "response.incomplete", "error"):
+            events.append(as_dict(connection.recv()))
+        assert events[-1]["type"] != "error", events[-1]
+
+
 def test_a_websocket_handshake_needs_a_valid_key(auth_stack: Stack) -> None:
     url = auth_stack.base_url.replace("http://", "ws://") + "/v1/responses"
     for headers in ({}, {"Authorization": "Bearer sk-not-a-key"}):
         with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
             websockets.sync.client.connect(url, additional_headers=headers)
-        assert refused.value.response.status_code == 403
+        # The answer HTTP gives (it was a bare 403, as for a path that takes no socket).
+        assert refused.value.response.status_code == 401
+        body = json.loads(refused.value.response.body or b"{}")
+        assert body["error"]["code"] == "invalid_api_key", body
     # With a valid key the socket serves the key's own responses, and no other key's.
     owned = finished_background(sdk(auth_stack, KEY_A))
     with sdk(auth_stack, KEY_B).responses.connect() as connection:

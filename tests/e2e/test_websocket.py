@@ -4,11 +4,13 @@ one response at a time, errors that leave the socket usable, chaining, the HTTP 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
 import websockets.exceptions
@@ -95,6 +97,65 @@ def test_a_socket_closed_mid_stream_cancels_its_generation(stack: Stack) -> None
     assert response_id is not None
     final = wait_ended(client, response_id)
     assert final.status == "cancelled"
+
+
+def test_a_close_behind_waiting_messages_cancels_and_a_message_past_them_is_refused(stack: Stack) -> None:
+    """Messages past the 4 that may wait are refused at once (a 429 error event each), so the
+    socket is always read: a close behind waiting messages was never read (the reader waited for
+    room), the streaming generation ran to its end and the waiting messages were answered."""
+    log_path = stack.api.log_path
+    logged_before = len(log_path.read_text(errors="replace"))
+    request = {
+        "type": "response.create",
+        "model": MODEL,
+        "input": "Repeat forever.",
+        "max_output_tokens": 900,
+    }
+    socket = raw_socket(stack)
+    for index in range(8):
+        socket.send(json.dumps({**request, "stream_id": f"s{index}"}))
+    created: str | None = None
+    refused: list[dict[str, Any]] = []
+    while created is None or len(refused) < 3:
+        event = json.loads(socket.recv(timeout=30))
+        if event["type"] == "error":
+            refused.append(event)
+        elif event["type"] == "response.created":
+            assert event["stream_id"] == "s0"
+            created = event["response"]["id"]
+    # The first one streams; 4 wait (3 or 4 are refused, as the first is taken before or after
+    # the reader has read the rest): the refused are the last sent.
+    assert [event["stream_id"] for event in refused] == [f"s{index}" for index in range(8 - len(refused), 8)]
+    assert {(event["status"], event["error"]["code"]) for event in refused} == {
+        (429, "too_many_messages_waiting")
+    }
+    closing = time.monotonic()
+    socket.close()
+    assert time.monotonic() - closing < 5  # the server answered the close (the client waited 10 s)
+    assert wait_ended(stack.client(), created).status == "cancelled"
+    time.sleep(1)
+    logged = log_path.read_text(errors="replace")[logged_before:]
+    assert logged.count("accepted: ") == 1, "a message waiting at the close was accepted"
+
+
+def test_a_socket_response_is_counted_in_the_metrics_as_an_sse_one(stack: Stack) -> None:
+    def scraped() -> dict[str, float]:
+        text = httpx.get(f"{stack.base_url}/metrics", timeout=30).text
+        names = ("resq_responses_delivered_total", "resq_time_to_first_token_seconds_count")
+        return {
+            name: sum(float(value) for value in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+            for name in names
+        }
+
+    before = scraped()
+    with stack.client().responses.connect() as connection:
+        connection.response.create(model=MODEL, input="Say hello.", temperature=0, max_output_tokens=8)
+        check_stream(until_terminal(connection))
+    after = scraped()
+    assert {name: after[name] - before[name] for name in before} == {
+        "resq_responses_delivered_total": 1,
+        "resq_time_to_first_token_seconds_count": 1,
+    }
 
 
 def test_sockets_closed_right_after_a_request_log_no_errors(stack: Stack) -> None:

@@ -68,7 +68,9 @@ def _serve(client: _Client, state: Any) -> None:
 
 
 def _state() -> Any:
-    return SimpleNamespace(settings=SimpleNamespace(websocket_max_s=3600.0, sse_coalesce_after=0), redis=None)
+    return SimpleNamespace(
+        settings=SimpleNamespace(websocket_max_s=3600.0, sse_coalesce_after=0), redis=None, rate_limiter=None
+    )
 
 
 def _accepted(response_id: str) -> Accepted:
