@@ -241,9 +241,16 @@ class Socket:
             await self._create(message, stream_id, previous)
 
     async def _create(self, message: Any, stream_id: Any, previous: Any) -> None:
+        echoed = stream_id if isinstance(stream_id, str) and not not_utf8(stream_id) else None
         try:
-            # Each message is a request: the key's rate limit counts it (the handshake is not counted).
+            # Each message is a request: the key's rate limit counts it (the handshake is not), as
+            # HTTP's gate does, before the message is read. Refused there, it evicts nothing: the
+            # client sends it again, on from the same response.
             await check_rate(self._state, self._caller)
+        except OpenAIError as limited:
+            await self._send(error_event(limited, echoed))
+            return
+        try:
             request, stream_id = create_request(message)
             # `generate: false`: the response is prepared without output (a later turn continues it).
             generate = message.get("generate") is not False

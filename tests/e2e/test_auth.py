@@ -27,6 +27,7 @@ from openai import OpenAI
 
 from api.auth import fingerprint
 from tests.e2e.conftest import MODEL, Stack, start_stack
+from tests.e2e.test_websocket import until_terminal
 from tests.fixture_model import scenario
 from tests.support.invariants import as_dict
 from tests.support.processes import RoleProcess
@@ -488,13 +489,23 @@ def test_each_socket_message_is_counted_by_the_rate_limit(auth_stack: Stack) -> 
     """A socket's messages are requests: over the limit one gets a 429 error event, and the socket
     serves on (10 creates on one socket passed a limit of 3 a minute; the handshake took one)."""
     carol = sdk(auth_stack, KEY_C)
-    with carol.responses.connect() as connection:  # the handshake takes no token
-        while True:  # empty the bucket
+    with carol.responses.connect() as connection:
+        connection.response.create(model=MODEL, input="Say hello.", max_output_tokens=4, store=False)
+        first = until_terminal(connection)[-1]
+        assert first["type"] in ("response.completed", "response.incomplete"), first
+        while True:  # empty the bucket; the handshake of a drained key still opens a socket
             try:
                 carol.models.list()
             except openai.RateLimitError:
                 break
-        connection.response.create(model=MODEL, input="Say hello.", max_output_tokens=4)
+        again = {
+            "model": MODEL,
+            "input": "Again.",
+            "max_output_tokens": 4,
+            "store": False,
+            "previous_response_id": first["response"]["id"],
+        }
+        connection.response.create(**again)
         error = as_dict(connection.recv())
         assert (error["type"], error["status"], error["error"]["code"]) == (
             "error",
@@ -502,11 +513,10 @@ def test_each_socket_message_is_counted_by_the_rate_limit(auth_stack: Stack) -> 
             "rate_limit_exceeded",
         )
         time.sleep(1.5)  # refilled by 2 a second
-        connection.response.create(model=MODEL, input="Say hello.", max_output_tokens=4)
-        events = [as_dict(connection.recv())]
-        while events[-1]["type"] not in ("response.completed", "response.incomplete", "error"):
-            events.append(as_dict(connection.recv()))
-        assert events[-1]["type"] != "error", events[-1]
+        # The refused continuation evicted nothing: the unstored response continues on the socket.
+        connection.response.create(**again)
+        ended = until_terminal(connection)[-1]
+        assert ended["type"] in ("response.completed", "response.incomplete"), ended
 
 
 def test_a_websocket_handshake_needs_a_valid_key(auth_stack: Stack) -> None:
