@@ -31,12 +31,12 @@ def _parts(request: CreateResponseRequest) -> Iterator[tuple[Callable[[], str], 
         name = getattr(request.text.format, "name", None)
         what = f"Invalid schema for response_format '{name}'" if name else "Invalid schema for text.format"
         yield partial(schema_grammar, schema), "text.format.schema", what, "invalid_json_schema"
-    for index, tool in enumerate(request.tools or []):
+    for path, tool in _tools(request):
         if isinstance(tool, FunctionTool) and tool.strict and tool.parameters is not None:
             what = f"Invalid schema for function '{tool.name}'"
             yield (
                 partial(schema_grammar, tool.parameters),
-                f"tools[{index}].parameters",
+                f"{path}.parameters",
                 what,
                 "invalid_json_schema",
             )
@@ -47,7 +47,7 @@ def _parts(request: CreateResponseRequest) -> Iterator[tuple[Callable[[], str], 
                 else partial(LLMatcher.grammar_from_lark, tool.lark or "")
             )
             what = f"Invalid grammar for custom tool '{tool.name}'"
-            yield part, f"tools[{index}].format.definition", what, "invalid_value"
+            yield part, f"{path}.format.definition", what, "invalid_value"
 
 
 def _culprit(request: CreateResponseRequest, tokenizer: TextTokenizer) -> OpenAIError | None:
@@ -59,15 +59,21 @@ def _culprit(request: CreateResponseRequest, tokenizer: TextTokenizer) -> OpenAI
     return None
 
 
+def _tools(request: CreateResponseRequest) -> Iterator[tuple[str, object]]:
+    """Each tool of the request with its param path, a namespace's own tools in its place."""
+    for index, tool in enumerate(request.tools or []):
+        if isinstance(tool, NamespaceTool):
+            for inner_index, inner in enumerate(tool.tools):
+                yield f"tools[{index}].tools[{inner_index}]", inner
+        else:
+            yield f"tools[{index}]", tool
+
+
 def _regex_tools(request: CreateResponseRequest) -> Iterator[tuple[str, CustomTool]]:
     """Each custom tool with a regex grammar, namespaced ones included, with its param path."""
-    for index, tool in enumerate(request.tools or []):
+    for path, tool in _tools(request):
         if isinstance(tool, CustomTool) and tool.regex is not None:
-            yield f"tools[{index}]", tool
-        elif isinstance(tool, NamespaceTool):
-            for inner_index, inner in enumerate(tool.tools):
-                if isinstance(inner, CustomTool) and inner.regex is not None:
-                    yield f"tools[{index}].tools[{inner_index}]", inner
+            yield path, tool
 
 
 def _check_regexes(request: CreateResponseRequest) -> None:

@@ -611,7 +611,7 @@ class NamespaceTool(_Strict):
 
     type: Literal["namespace"]
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
-    description: str | None = None
+    description: str  # required, as the SDK types it (echoed without one, strict clients refused it)
     tools: list[NamespacedTool] = Field(min_length=1)
 
 

@@ -376,6 +376,7 @@ CASES = [
                 {
                     "type": "namespace",
                     "name": "n",
+                    "description": "Many.",
                     "tools": [{"type": "function", "name": f"f{index}"} for index in range(129)],
                 }
             ]
@@ -423,6 +424,51 @@ CASES = [
         "invalid_value",
         "text.format",
         json=body(text={"format": {"type": "yaml"}}),
+    ),
+    Case(
+        "namespaced_strict_tool_unsupported_schema",
+        400,
+        "invalid_json_schema",
+        "tools[0].tools[0].parameters",
+        json=body(
+            tools=[
+                {
+                    "type": "namespace",
+                    "name": "n",
+                    "description": "Tools.",
+                    "tools": [{"type": "function", "name": "f", "strict": True, "parameters": {"not": {}}}],
+                }
+            ]
+        ),
+    ),
+    Case(
+        "namespaced_custom_tool_bad_lark",
+        400,
+        "invalid_value",
+        "tools[0].tools[0].format.definition",
+        json=body(
+            tools=[
+                {
+                    "type": "namespace",
+                    "name": "n",
+                    "description": "Tools.",
+                    "tools": [
+                        {
+                            "type": "custom",
+                            "name": "c",
+                            "format": {"type": "grammar", "syntax": "lark", "definition": "start: foo"},
+                        }
+                    ],
+                }
+            ]
+        ),
+    ),
+    Case(
+        "namespace_without_description",
+        400,
+        "missing_required_parameter",
+        "tools[0].description",
+        json=body(tools=[{"type": "namespace", "name": "n", "tools": [{"type": "function", "name": "f"}]}]),
     ),
     Case(
         "strict_tool_bad_parameters",

@@ -552,6 +552,7 @@ def test_a_namespaced_custom_tools_regex_is_checked_before_it_is_wrapped(tiny_st
     namespace = {
         "type": "namespace",
         "name": "codes",
+        "description": "Codes.",
         "tools": [{**CODE_TOOL, "format": {"type": "grammar", "syntax": "regex", "definition": "a)|(b"}}],
     }
     with pytest.raises(openai.BadRequestError) as caught:

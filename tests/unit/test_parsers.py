@@ -325,6 +325,30 @@ def test_arguments_as_a_json_string_and_unicode() -> None:
     assert parse_call(' \n{"name":"f","arguments":{}}\n ') == ToolCallSegment("f", "{}")
 
 
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        '{"xs": [1e999, -1e999]}',  # past a float: json.dumps wrote Infinity, which is no JSON
+        '{"x": 0.30000000000000000001, "n": 123456789012345678901234567890}',
+        '{"x":1,\n "y" : "\\ud800"}',  # the model's spacing, and an escape that is no character
+    ],
+)
+def test_arguments_are_the_models_json_text_as_written(arguments: str) -> None:
+    body = '\n{"name": "f", "arguments": ' + arguments + "}\n"
+    assert parse_call(body) == ToolCallSegment("f", arguments)
+    json.loads(arguments)  # JSON, as a client parses it
+
+
+def test_under_a_grammar_a_call_cut_in_its_opening_tag_is_dropped() -> None:
+    """Cut by max_output_tokens inside "<tool_call>": no markup reaches the answer."""
+    for cut in ("<t", "<tool", "<tool_call"):
+        assert parse("Sure.\n" + cut, options(tools=True, constrained=True)) == [("text", "Sure.\n")]
+        assert parse(cut, options(tools=True, constrained=True)) == []
+        # Without a grammar it may be text the model wrote: released as it is.
+        assert parse("Sure.\n" + cut, options(tools=True)) == [("text", "Sure.\n" + cut)]
+    assert parse("a <", options(tools=True, constrained=True)) == [("text", "a <")]
+
+
 def test_under_a_grammar_a_close_tag_inside_a_calls_json_strings_is_text() -> None:
     """Strict arguments may quote the chat format; the grammar makes the JSON well-formed, so the
     block ends after its JSON value. Without a grammar the first close tag ends it, as before."""

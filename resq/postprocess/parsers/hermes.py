@@ -2,9 +2,8 @@
 
 A block whose JSON (whitespace around it allowed) is an object with a non-empty
 string ``name`` and an ``arguments`` object, or a JSON string holding one, becomes
-a :class:`ToolCallSegment` whose ``arguments`` is ``json.dumps(arguments,
-ensure_ascii=False)`` (default separators). Text outside blocks goes on as
-:class:`TextSegment`\\ s.
+a :class:`ToolCallSegment` whose ``arguments`` is the object's JSON text as the model wrote
+it (or the string's content). Text outside blocks goes on as :class:`TextSegment`\\ s.
 
 Nothing that is not a valid call is lost or invented:
 
@@ -42,6 +41,7 @@ waits for its first visible character, and a block waits for its ``</tool_call>`
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from resq.postprocess.parsers.markup import partial_tag_length
@@ -96,7 +96,12 @@ class HermesToolParser:
             # Under a grammar an open block can only be a call cut off (max_output_tokens): it
             # is no text of the answer, and its markup must not reach output_text.
         else:
-            self._text(out, self._buffer, self._offset)
+            held = partial_tag_length(self._buffer, (CALL_OPEN,))
+            if self._well_formed_json and held > 1:
+                # Under a grammar, "<tool_c" at the end is a call cut off in its opening tag.
+                self._text(out, self._buffer[: len(self._buffer) - held], self._offset)
+            else:
+                self._text(out, self._buffer, self._offset)
         if self._held_whitespace and not self._after_call:
             out.append(TextSegment(self._held_whitespace, start=self._held_at))
         self._offset += len(self._buffer)
@@ -245,21 +250,71 @@ def _loads(text: str) -> Any:
     return json.loads(text, parse_constant=_reject_constant)
 
 
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _skip_whitespace(text: str, at: int) -> int:
+    """Where the JSON whitespace from ``at`` on ends."""
+    found = _WHITESPACE.match(text, at)
+    return at if found is None else found.end()
+
+
+def _members(text: str) -> dict[str, tuple[Any, str]] | None:
+    """The members of the JSON object ``text`` is (whitespace around it allowed), each value with
+    its text as written; None when ``text`` is no JSON object. (The last of a repeated key wins,
+    as ``json.loads`` has it.)"""
+    members: dict[str, tuple[Any, str]] = {}
+    at = _skip_whitespace(text, 0)
+    if not text.startswith("{", at):
+        return None
+    at = _skip_whitespace(text, at + 1)
+    if text.startswith("}", at):
+        at += 1
+    else:
+        while True:
+            if not text.startswith('"', at):
+                return None
+            key, at = _DECODER.raw_decode(text, at)  # a JSON string, as the quote says
+            at = _skip_whitespace(text, at)
+            if not text.startswith(":", at):
+                return None
+            at = _skip_whitespace(text, at + 1)
+            value, end = _DECODER.raw_decode(text, at)
+            members[key] = (value, text[at:end])
+            at = _skip_whitespace(text, end)
+            if text.startswith(",", at):
+                at = _skip_whitespace(text, at + 1)
+            elif text.startswith("}", at):
+                at += 1
+                break
+            else:
+                return None
+    return members if _skip_whitespace(text, at) == len(text) else None
+
+
 def parse_call(body: str) -> ToolCallSegment | None:
-    """The call a block's body describes, or None when it is not a valid call."""
+    """The call a block's body describes, or None when it is not a valid call.
+
+    Its ``arguments`` are the model's JSON text, as written: parsed and written again, a number
+    past a float's range became ``Infinity`` (no JSON: a strict tool's arguments failed to parse
+    in the client) and others lost their digits.
+    """
     try:
-        obj = _loads(body)
-        if not isinstance(obj, dict):
+        members = _members(body)
+        if members is None:
             return None
-        name = obj.get("name")
-        arguments = obj.get("arguments")
-        if isinstance(arguments, str):
-            arguments = _loads(arguments)
+        name = members.get("name", (None, ""))[0]
+        arguments, arguments_text = members.get("arguments", (None, ""))
+        if isinstance(arguments, str):  # a JSON string holding the object
+            arguments_text = arguments
+            inner = _members(arguments_text)
+            arguments = None if inner is None else {key: value for key, (value, _) in inner.items()}
     except (ValueError, RecursionError):
         return None
     if not isinstance(name, str) or not name or not isinstance(arguments, dict):
         return None
-    return ToolCallSegment(name, json.dumps(arguments, ensure_ascii=False))
+    return ToolCallSegment(name, arguments_text.strip())
 
 
 def parse_raw_input_call(body: str, names: frozenset[str]) -> CustomToolCallSegment | None:
