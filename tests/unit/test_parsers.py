@@ -347,6 +347,9 @@ def test_under_a_grammar_a_call_cut_in_its_opening_tag_is_dropped() -> None:
         # Without a grammar it may be text the model wrote: released as it is.
         assert parse("Sure.\n" + cut, options(tools=True)) == [("text", "Sure.\n" + cut)]
     assert parse("a <", options(tools=True, constrained=True)) == [("text", "a <")]
+    # After a call the grammar allows no text: a lone "<" there is a cut call too (an agent's
+    # forced handoff, cut by max_output_tokens, ended with a "\n<" message).
+    assert parse(call("Paris") + "\n<", options(tools=True, constrained=True)) == [weather("Paris")]
 
 
 def test_under_a_grammar_a_close_tag_inside_a_calls_json_strings_is_text() -> None:

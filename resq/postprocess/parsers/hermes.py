@@ -97,8 +97,9 @@ class HermesToolParser:
             # is no text of the answer, and its markup must not reach output_text.
         else:
             held = partial_tag_length(self._buffer, (CALL_OPEN,))
-            if self._well_formed_json and held > 1:
-                # Under a grammar, "<tool_c" at the end is a call cut off in its opening tag.
+            if self._well_formed_json and (held > 1 or (held and self._after_call)):
+                # Under a grammar, "<tool_c" at the end is a call cut off in its opening tag, and
+                # so is a lone "<" after a call (the grammar allows no text after one).
                 self._text(out, self._buffer[: len(self._buffer) - held], self._offset)
             else:
                 self._text(out, self._buffer, self._offset)
