@@ -63,6 +63,17 @@ def reasoning_items(response: Any) -> list[Any]:
     return [item for item in response.output if item.type == "reasoning"]
 
 
+def unstored_with_sealed_reasoning(client: OpenAI) -> Any:
+    """An unstored response whose reasoning item carries its sealed blob, as Codex asks for it."""
+    return client.responses.create(
+        model=MODEL,
+        input=REASONING_PROMPT,
+        temperature=0,
+        store=False,
+        include=["reasoning.encrypted_content"],
+    )
+
+
 # --- item_reference -------------------------------------------------------------------------------
 
 
@@ -226,13 +237,7 @@ def test_without_the_include_there_is_no_blob(client: OpenAI) -> None:
 
 @pytest.mark.parametrize("tamper", ["flip", "foreign", "plain"])
 def test_a_tampered_or_foreign_blob_is_a_400_naming_the_item(client: OpenAI, tamper: str) -> None:
-    first = client.responses.create(
-        model=MODEL,
-        input=REASONING_PROMPT,
-        temperature=0,
-        store=False,
-        include=["reasoning.encrypted_content"],
-    )
+    first = unstored_with_sealed_reasoning(client)
     blob = reasoning_items(first)[0].encrypted_content
     assert blob is not None
     bad = {

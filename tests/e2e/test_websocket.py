@@ -18,7 +18,7 @@ import websockets.sync.client
 
 from resq import keys
 from tests.e2e.conftest import MODEL, Stack, start_stack
-from tests.e2e.test_agent_clients import REASONING_PROMPT
+from tests.e2e.test_agent_clients import REASONING_PROMPT, reasoning_items, unstored_with_sealed_reasoning
 from tests.support.invariants import as_dict, check_stream, output_text
 from tests.support.processes import RoleProcess
 from tests.support.responses import wait_ended
@@ -35,6 +35,16 @@ def until_terminal(connection: Any) -> list[dict[str, Any]]:
         if event.type in TERMINAL:
             return events
     raise AssertionError("the socket closed before a terminal event")
+
+
+def long_request(max_output_tokens: int) -> dict[str, Any]:
+    """A ``response.create`` message whose answer runs on (the fixture model repeats itself)."""
+    return {
+        "type": "response.create",
+        "model": MODEL,
+        "input": "Repeat forever.",
+        "max_output_tokens": max_output_tokens,
+    }
 
 
 def raw_socket(stack: Stack) -> websockets.sync.client.ClientConnection:
@@ -105,12 +115,7 @@ def test_a_close_behind_waiting_messages_cancels_and_a_message_past_them_is_refu
     room), the streaming generation ran to its end and the waiting messages were answered."""
     log_path = stack.api.log_path
     logged_before = len(log_path.read_text(errors="replace"))
-    request = {
-        "type": "response.create",
-        "model": MODEL,
-        "input": "Repeat forever.",
-        "max_output_tokens": 900,
-    }
+    request = long_request(900)
     socket = raw_socket(stack)
     for index in range(8):
         socket.send(json.dumps({**request, "stream_id": f"s{index}"}))
@@ -164,12 +169,7 @@ def test_sockets_closed_right_after_a_request_log_no_errors(stack: Stack) -> Non
     two tracebacks before)."""
     log_path = stack.api.log_path
     logged_before = len(log_path.read_text(errors="replace"))
-    request = {
-        "type": "response.create",
-        "model": MODEL,
-        "input": "Repeat forever.",
-        "max_output_tokens": 200,
-    }
+    request = long_request(200)
     for _ in range(10):
         with raw_socket(stack) as socket:
             socket.send(json.dumps(request))
@@ -327,14 +327,8 @@ def test_sealed_reasoning_sent_to_an_unstored_turn_stays_sealed_in_a_stored_cont
     prompt only: a stored turn continuing it on the socket keeps its history as sent (it stored
     the socket's opened copy, the reasoning's text readable at rest)."""
     client = stack.client()
-    first = client.responses.create(
-        model=MODEL,
-        input=REASONING_PROMPT,
-        temperature=0,
-        store=False,
-        include=["reasoning.encrypted_content"],
-    )
-    (reasoning,) = [item for item in first.output if item.type == "reasoning"]
+    first = unstored_with_sealed_reasoning(client)
+    (reasoning,) = reasoning_items(first)
     assert reasoning.encrypted_content and reasoning.content
     echoed = {
         "type": "reasoning",
