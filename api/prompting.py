@@ -62,27 +62,22 @@ class RequestItems:
     conversation: list[Item]
     """The history it continues, then ``own``, sealed reasoning opened: what the model sees before
     truncation."""
+    sealed_conversation: list[Item]
+    """``conversation`` item for item, with reasoning sent sealed still sealed: what a record, or a
+    socket's memory, keeps of it (never opened text; opened again for each prompt)."""
     conversation_id: str | None = None
     """The ``conversation`` the response belongs to, if any."""
     linked: bool = True
     """The history is a chain of turns the response's turn extends (:mod:`resq.turns`); False
     when it continues a response stored whole (before turns existed, or a WebSocket's unstored
     one)."""
-    sealed_conversation: list[Item] | None = None
-    """``conversation`` item for item, with reasoning sent sealed still sealed: what is stored or
-    remembered of it (opened again for each prompt). None: the same as ``conversation``."""
-
-    @property
-    def conversation_as_stored(self) -> list[Item]:
-        """What a record (or a socket's memory) keeps of ``conversation``: never opened text."""
-        return self.conversation if self.sealed_conversation is None else self.sealed_conversation
 
     def compacted(self, summary: Item, first_kept: int) -> RequestItems:
         """These items after a compaction: ``summary``, then the conversation from ``first_kept`` on."""
         return replace(
             self,
             conversation=[summary, *self.conversation[first_kept:]],
-            sealed_conversation=[summary, *self.conversation_as_stored[first_kept:]],
+            sealed_conversation=[summary, *self.sealed_conversation[first_kept:]],
         )
 
 
@@ -213,10 +208,8 @@ async def gather_items(
         history = opened_history(earlier.conversation, sealer, owner)
         conversation = continue_conversation(history, earlier.output, own_opened)
         # A continuation of a response kept whole stores its history whole: as sealed as it came.
-        sealed_conversation = continue_conversation(earlier.conversation, earlier.output, own)
-        return check_outputs_answer_calls(
-            RequestItems(own, conversation, linked=earlier.linked, sealed_conversation=sealed_conversation)
-        )
+        sealed = continue_conversation(earlier.conversation, earlier.output, own)
+        return check_outputs_answer_calls(RequestItems(own, conversation, sealed, linked=earlier.linked))
     if conversation_id is not None:
         # A client may have added sealed reasoning to the conversation (checked as it was added,
         # and holding no item references): opened like stored history.
@@ -228,12 +221,10 @@ async def gather_items(
             # as when they are added there directly.
             check_item_id(str(item.get("id", "")), f"input[{index}].id")
         return check_outputs_answer_calls(
-            RequestItems(
-                own, [*history, *own_opened], conversation_id, sealed_conversation=[*stored_history, *own]
-            )
+            RequestItems(own, [*history, *own_opened], [*stored_history, *own], conversation_id)
         )
     _check_unique_ids(own, [])
-    return check_outputs_answer_calls(RequestItems(own, own_opened, sealed_conversation=own))
+    return check_outputs_answer_calls(RequestItems(own, own_opened, own))
 
 
 def _check_unique_ids(own: list[Item], history: list[Item]) -> None:

@@ -358,7 +358,7 @@ async def accept(
     if items.conversation_id is not None:
         input_record["conversation_id"] = items.conversation_id
     elif not items.linked:
-        input_record["conversation"] = items.conversation_as_stored
+        input_record["conversation"] = items.sealed_conversation
     turn_parent = request.previous_response_id if items.linked else None
     linked_turn = store and items.conversation_id is None and items.linked
 
@@ -396,7 +396,7 @@ async def accept(
                 await opened.abandon()
             raise
         log.info("prepared without output: %d prompt tokens", len(prompt_ids))
-        return Accepted(response_id, created, background, store, items.conversation_as_stored, opened)
+        return Accepted(response_id, created, background, store, items.sealed_conversation, opened)
     routed = await state.route_generation(model, routing.lookup)
     # The relay's follower joins before the log exists: no catch-up read of what is logged here,
     # and the hub's wake-up (if its read needs one) goes in the step below.
@@ -444,7 +444,7 @@ async def accept(
         bool(request.stream),
         ENDPOINT_OF_PROTOCOL[options.protocol],
     )
-    return Accepted(response_id, created, background, store, items.conversation_as_stored, opened)
+    return Accepted(response_id, created, background, store, items.sealed_conversation, opened)
 
 
 @dataclass(frozen=True)

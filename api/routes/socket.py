@@ -122,6 +122,11 @@ def create_request(message: Any) -> tuple[CreateResponseRequest, str | None]:
         raise validation_error_to_openai(exc.errors()) from None
 
 
+def echoable(stream_id: Any) -> str | None:
+    """A message's ``stream_id`` as its error events echo it: a string JSON can carry, else none."""
+    return stream_id if isinstance(stream_id, str) and not not_utf8(stream_id) else None
+
+
 def with_stream_id(data: bytes, stream_id: str | None) -> str:
     """An event's JSON as sent: as logged, with the request's ``stream_id`` when it gave one.
 
@@ -223,7 +228,6 @@ class Socket:
 
     async def _refuse_waiting(self, message: Any) -> None:
         """Answer a message that found :data:`MESSAGES_AHEAD` waiting: not accepted (a 429)."""
-        stream_id = message.get("stream_id") if isinstance(message, dict) else None
         refused = OpenAIError(
             429,
             f"{MESSAGES_AHEAD} messages already wait on this WebSocket while a response streams; "
@@ -231,8 +235,8 @@ class Socket:
             type="requests",
             code="too_many_messages_waiting",
         )
-        echoed = stream_id if isinstance(stream_id, str) and not not_utf8(stream_id) else None
-        await self._send(error_event(refused, echoed))
+        stream_id = message.get("stream_id") if isinstance(message, dict) else None
+        await self._send(error_event(refused, echoable(stream_id)))
 
     async def _handle(self, message: Any) -> None:
         stream_id = message.get("stream_id") if isinstance(message, dict) else None
@@ -241,7 +245,7 @@ class Socket:
             await self._create(message, stream_id, previous)
 
     async def _create(self, message: Any, stream_id: Any, previous: Any) -> None:
-        echoed = stream_id if isinstance(stream_id, str) and not not_utf8(stream_id) else None
+        echoed = echoable(stream_id)
         try:
             # Each message is a request: the key's rate limit counts it (the handshake is not), as
             # HTTP's gate does, before the message is read. Refused there, it evicts nothing: the
@@ -262,9 +266,7 @@ class Socket:
             # 500; here as an error event, and the socket stays usable.
             if isinstance(previous, str):
                 self._history.pop(previous, None)
-            error = as_openai_error(failure)
-            echoed = stream_id if isinstance(stream_id, str) and not not_utf8(stream_id) else None
-            await self._send(error_event(error, echoed))
+            await self._send(error_event(as_openai_error(failure), echoed))
             return
         final = await self._stream(accepted, stream_id)
         if final is None or final.get("status") == "failed":

@@ -309,11 +309,12 @@ def parse_call(body: str) -> ToolCallSegment | None:
         arguments, arguments_text = members.get("arguments", (None, ""))
         if isinstance(arguments, str):  # a JSON string holding the object
             arguments_text = arguments
-            inner = _members(arguments_text)
-            arguments = None if inner is None else {key: value for key, (value, _) in inner.items()}
+            is_object = _members(arguments_text) is not None
+        else:
+            is_object = isinstance(arguments, dict)
     except (ValueError, RecursionError):
         return None
-    if not isinstance(name, str) or not name or not isinstance(arguments, dict):
+    if not isinstance(name, str) or not name or not is_object:
         return None
     return ToolCallSegment(name, arguments_text.strip())
 
