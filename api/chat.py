@@ -68,15 +68,36 @@ def _text(content: str | list[Any] | None) -> str:
     return "".join(part.text for part in content if isinstance(part, ChatTextPart))
 
 
+def _message_content(content: str | list[Any]) -> str | list[dict[str, Any]]:
+    """A system or user message's content as Responses input: its text, one ``input_text`` part
+    carrying the last ``prompt_cache_breakpoint`` its parts set (explicit prompt caching)."""
+    text = _text(content)
+    if isinstance(content, str):
+        return text
+    breakpoints = [part.prompt_cache_breakpoint for part in content if isinstance(part, ChatTextPart)]
+    marked = [breakpoint for breakpoint in breakpoints if breakpoint is not None]
+    if not marked:
+        return text
+    return [
+        {
+            "type": "input_text",
+            "text": text,
+            "prompt_cache_breakpoint": marked[-1].model_dump(exclude_none=True),
+        }
+    ]
+
+
 def _input_items(request: ChatCompletionRequest) -> list[dict[str, Any]]:
     """The messages as Responses input items (a 400 for a tool result answering no call)."""
     items: list[dict[str, Any]] = []
     called: set[str] = set()
     for index, message in enumerate(request.messages):
         if isinstance(message, SystemMessage):
-            items.append({"type": "message", "role": message.role, "content": _text(message.content)})
+            items.append(
+                {"type": "message", "role": message.role, "content": _message_content(message.content)}
+            )
         elif isinstance(message, UserMessage):
-            items.append({"type": "message", "role": "user", "content": _text(message.content)})
+            items.append({"type": "message", "role": "user", "content": _message_content(message.content)})
         elif isinstance(message, AssistantMessage):
             reasoning = message.reasoning_content or message.reasoning
             if reasoning:
@@ -175,6 +196,8 @@ def responses_request(request: ChatCompletionRequest) -> CreateResponseRequest:
         value = getattr(request, name)
         if value is not None:
             body[name] = value
+    if request.prompt_cache_options is not None:
+        body["prompt_cache_options"] = request.prompt_cache_options.model_dump(exclude_none=True)
     if request.tools:
         body["tools"] = [
             {"type": "function", **tool.function.model_dump(exclude_none=True)} for tool in request.tools

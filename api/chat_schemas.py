@@ -28,6 +28,8 @@ from api.schemas import (
     JsonObjectFormat,
     NotServed,
     PlainTextFormat,
+    PromptCacheBreakpoint,
+    PromptCacheOptions,
     RefusedType,
     RefusingBranch,
     _Strict,
@@ -42,10 +44,11 @@ MAX_STOP_CHARS = 256
 
 
 class ChatTextPart(_Strict):
-    """``{"type": "text", "text": ...}``."""
+    """``{"type": "text", "text": ...}``, with the SDK's optional ``prompt_cache_breakpoint``."""
 
     type: Literal["text"]
     text: str
+    prompt_cache_breakpoint: PromptCacheBreakpoint | None = None
 
 
 class ChatRefusalPart(_Strict):
@@ -327,6 +330,7 @@ class ChatCompletionRequest(_Strict):
     safety_identifier: str | None = Field(None, max_length=128)
     prompt_cache_key: str | None = Field(None, max_length=256)
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    prompt_cache_options: PromptCacheOptions | None = None
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     verbosity: Literal["low", "medium", "high"] | None = None
 

@@ -48,7 +48,11 @@ def _text_parts(content: Any, assistant: bool) -> list[dict[str, Any]]:
                     {"type": "output_text", "text": text, "annotations": part.get("annotations") or []}
                 )
             else:
-                parts.append({"type": "input_text", "text": text})
+                normal: dict[str, Any] = {"type": "input_text", "text": text}
+                if part.get("prompt_cache_breakpoint") is not None:
+                    # Kept: a later turn's explicit prompt caching counts its history's breakpoints.
+                    normal["prompt_cache_breakpoint"] = part["prompt_cache_breakpoint"]
+                parts.append(normal)
     return parts
 
 

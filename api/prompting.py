@@ -81,6 +81,17 @@ class RequestItems:
         )
 
 
+def has_cache_breakpoint(items: list[Item]) -> bool:
+    """Whether any content part of ``items`` carries a ``prompt_cache_breakpoint``."""
+    for item in items:
+        content = item.get("content")
+        if isinstance(content, list) and any(
+            isinstance(part, dict) and part.get("prompt_cache_breakpoint") is not None for part in content
+        ):
+            return True
+    return False
+
+
 @dataclass(frozen=True)
 class FittedPrompt:
     """The prompt's token ids, and what truncation left out to fit them."""

@@ -217,6 +217,43 @@ class PromptCacheBreakpoint(_Strict):
     ttl: Literal["30m", "12h"] | None = None
 
 
+class PromptCacheOptions(_Strict):
+    """``prompt_cache_options``: how a request uses the prompt cache (OpenAI's, for newer models).
+
+    resq's engine caches every prompt prefix in whole pages, unasked, so ``mode: "implicit"`` is
+    what it does anyway; ``mode: "explicit"`` with no ``prompt_cache_breakpoint`` anywhere in the
+    prompt turns caching off for that request, as OpenAI's does (with breakpoints, resq still
+    reuses every shared page, breakpoint or not). ``ttl`` is echoed, not enforced: blocks stay
+    while the engine's KV cache has room. ``comparison_response_id`` is echoed; resq produces no
+    cache diagnostics. ``prewarm: true`` (prepare the cache without output) is refused: resq
+    fills its cache by generating only.
+    """
+
+    mode: Literal["implicit", "explicit"] | None = None
+    ttl: Literal["30m", "12h"] | None = None
+    prewarm: bool | None = Field(None, strict=True)
+    comparison_response_id: str | None = Field(None, max_length=256)
+
+    @field_validator("prewarm")
+    @classmethod
+    def _no_prewarm(cls, value: bool | None) -> bool | None:
+        if value:
+            raise unsupported("prompt_cache_options.prewarm (preparing the cache without generating)")
+        return value
+
+    def echo(self) -> dict[str, Any]:
+        """What the Response says was applied (the SDK's ``Response.prompt_cache_options``)."""
+        return {
+            "mode": self.mode or "implicit",
+            "ttl": self.ttl or "30m",
+            "comparison_response_id": self.comparison_response_id,
+        }
+
+    def caches(self, has_breakpoint: bool) -> bool:
+        """Whether a prompt, with or without an explicit breakpoint, may reuse and share cached pages."""
+        return self.mode != "explicit" or has_breakpoint
+
+
 class InputTextPart(_Strict):
     """``{"type": "input_text", "text": ...}``."""
 
@@ -771,7 +808,6 @@ UNSUPPORTED_FIELDS = (
     "image",
     "moderation",
     "prompt",
-    "prompt_cache_options",
 )
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -865,7 +901,7 @@ class CreateResponseRequest(_Strict):
     image: NotServed = None
     moderation: NotServed = None
     prompt: NotServed = None
-    prompt_cache_options: NotServed = None
+    prompt_cache_options: PromptCacheOptions | None = None
     include: list[str] | None = None
     top_logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS_MAX, strict=True)
 
@@ -994,7 +1030,8 @@ class CompactRequest(_Strict):
     safety_identifier: str | None = Field(None, max_length=128)
     service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"] | None = None
     image: NotServed = None
-    prompt_cache_options: NotServed = None
+    prompt_cache_options: PromptCacheOptions | None = None
+    """Validated; the summary's generation reuses cached pages as any request does."""
 
     @model_validator(mode="before")
     @classmethod
@@ -1002,7 +1039,7 @@ class CompactRequest(_Strict):
         check_raw_body(value)
         return value
 
-    @field_validator("image", "prompt_cache_options", mode="before")
+    @field_validator("image", mode="before")
     @classmethod
     def _refuse_unsupported(cls, value: Any, info: Any) -> Any:
         if value is None:

@@ -22,6 +22,7 @@ from api.prompting import (
     context_length_exceeded,
     duplicate_item,
     gather_items,
+    has_cache_breakpoint,
     plan_prompt,
     summary_sees_nothing,
 )
@@ -90,6 +91,7 @@ def initial_response(
         "previous_response_id": request.previous_response_id,
         "prompt_cache_key": request.prompt_cache_key,
         "prompt_cache_retention": request.prompt_cache_retention,
+        "prompt_cache_options": request.prompt_cache_options.echo() if request.prompt_cache_options else None,
         "reasoning": request.reasoning.model_dump()
         if request.reasoning
         else {"effort": None, "summary": None},
@@ -233,6 +235,21 @@ async def _compacted_if_over(
         summary.response_id,
     )
     return items.compacted(item, last_turn), [item], None
+
+
+def _cache_owner(
+    request: CreateResponseRequest, items: RequestItems, caller: Caller, response_id: str
+) -> str:
+    """The space the job's prompt pages are hashed in (:mod:`gpu_worker.prefix_cache`): the caller's.
+
+    ``prompt_cache_options.mode: "explicit"`` with no breakpoint in the prompt asks for no prompt
+    caching (as OpenAI's): the job gets a space of its own, so it reuses no page and leaves none
+    another request can reuse, and its ``cached_tokens`` is 0.
+    """
+    options = request.prompt_cache_options
+    if options is None or options.caches(has_cache_breakpoint(items.conversation)):
+        return caller.owner
+    return f"{caller.owner}/uncached/{response_id}"
 
 
 async def served_tokenizer(state: AppState, model: str) -> TextTokenizer:
@@ -379,7 +396,7 @@ async def accept(
         presence_penalty=request.presence_penalty or 0.0,
         frequency_penalty=request.frequency_penalty or 0.0,
         seed=chat.seed if chat is not None else None,
-        cache_owner=caller.owner,
+        cache_owner=_cache_owner(request, items, caller, response_id),
     )
 
     created_json = jsonutil.dumps(created)

@@ -389,6 +389,50 @@ def test_a_repeated_prefix_is_reused_and_reported_as_cached_tokens(stack: Stack)
     assert cached > 0 and cached % 64 == 0 and cached < second.usage.input_tokens, second.usage
 
 
+def test_prompt_cache_options_explicit_without_a_breakpoint_caches_nothing(stack: Stack) -> None:
+    """``prompt_cache_options.mode: "explicit"`` with no breakpoint uses no prompt cache, as OpenAI's:
+    it reuses no page and leaves none reusable; a breakpoint, or the implicit mode, caches again.
+    The Response echoes the options (the SDK validates it strictly)."""
+    client = stack.client()
+    instructions = f"Session {uuid.uuid4().hex}. " + " ".join(f"rule{index}" for index in range(150))
+
+    def cached(input: Any, **options: Any) -> int:
+        response = client.responses.create(
+            model=MODEL,
+            instructions=instructions,
+            input=input,
+            temperature=0,
+            max_output_tokens=4,
+            **({"prompt_cache_options": options} if options else {}),
+        )
+        assert response.usage is not None
+        if options:
+            assert response.prompt_cache_options is not None
+            assert response.prompt_cache_options.mode == options.get("mode", "implicit")
+            assert response.prompt_cache_options.ttl == options.get("ttl", "30m")
+        else:
+            assert response.prompt_cache_options is None
+        return response.usage.input_tokens_details.cached_tokens
+
+    assert cached("Say hello.", mode="explicit") == 0
+    assert cached("Say hello.", mode="explicit", ttl="12h") == 0  # reused nothing of the first
+    assert cached("Say hello.") == 0  # neither explicit request left a page to reuse
+    assert cached("Say hello.", mode="implicit") > 0
+    marked = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "input_text", "text": "Say hello.", "prompt_cache_breakpoint": {"mode": "explicit"}}
+            ],
+        }
+    ]
+    assert cached(marked, mode="explicit") > 0
+    with pytest.raises(openai.BadRequestError) as refused:
+        cached("Say hello.", prewarm=True)
+    assert refused.value.code == "unsupported_parameter"
+    assert refused.value.param == "prompt_cache_options.prewarm"
+
+
 # --- openai-agents sessions ------------------------------------------------------------------------
 
 

@@ -6,10 +6,12 @@ from typing import Any
 
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 
-from api.errors import OpenAIError
+from api.errors import OpenAIError, validation_error_to_openai
 from api.generation_plan import hosted_tool_types, plan_tools
+from api.input_items import normalise_item
+from api.prompting import has_cache_breakpoint
 from api.schemas import CreateResponseRequest
 from api.submission import initial_response
 from resq import jsonutil
@@ -242,3 +244,73 @@ def test_sealed_reasoning_opens_to_exactly_the_reasoning_text() -> None:
     assert done[0]["item"]["encrypted_content"] == blob
     # Deterministic: the same segments seal to the same bytes (a re-run post-processor).
     assert _run(ReasoningOutput(seal=lambda text: sealer.seal(REASONING, "me", text)))[1] == items
+
+
+# --- prompt_cache_options ---------------------------------------------------------------------------
+
+
+def test_prompt_cache_options_are_echoed_as_applied_and_validate_strictly() -> None:
+    asked = request(prompt_cache_options={"mode": "explicit", "comparison_response_id": "resp_1"})
+    created = initial_response(asked, RESPONSE_ID, "tiny", background=False, store=True)
+    assert created["prompt_cache_options"] == {
+        "mode": "explicit",
+        "ttl": "30m",
+        "comparison_response_id": "resp_1",
+    }
+    echoed = Response.model_validate({**created, "status": "completed"})
+    assert echoed.prompt_cache_options is not None and echoed.prompt_cache_options.ttl == "30m"
+    plain = initial_response(request(), RESPONSE_ID, "tiny", background=False, store=True)
+    assert plain["prompt_cache_options"] is None
+
+
+@pytest.mark.parametrize(
+    ("options", "param", "code"),
+    [
+        ({"prewarm": True}, "prompt_cache_options.prewarm", "unsupported_parameter"),
+        ({"prewarm": "yes"}, "prompt_cache_options.prewarm", None),
+        ({"mode": "automatic"}, "prompt_cache_options.mode", None),
+        ({"ttl": "1h"}, "prompt_cache_options.ttl", None),
+        ({"retention": "24h"}, "prompt_cache_options.retention", None),
+    ],
+)
+def test_prompt_cache_options_refusals_name_the_field(
+    options: dict[str, Any], param: str, code: str | None
+) -> None:
+    with pytest.raises(ValidationError) as raised:
+        request(prompt_cache_options=options)
+    error = validation_error_to_openai(raised.value.errors())
+    assert error.status_code == 400 and error.param == param
+    if code is not None:
+        assert error.code == code
+
+
+def test_prompt_cache_options_prewarm_false_is_no_change() -> None:
+    options = request(prompt_cache_options={"prewarm": False}).prompt_cache_options
+    assert options is not None and options.caches(has_breakpoint=False)
+
+
+def test_explicit_prompt_caching_needs_a_breakpoint_somewhere_in_the_prompt() -> None:
+    explicit = request(prompt_cache_options={"mode": "explicit"}).prompt_cache_options
+    implicit = request(prompt_cache_options={"mode": "implicit"}).prompt_cache_options
+    assert explicit is not None and implicit is not None
+    plain = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"}]}]
+    marked = [
+        {"type": "function_call_output", "call_id": "c", "output": "x"},
+        {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "a", "prompt_cache_breakpoint": {"mode": "explicit"}}],
+        },
+    ]
+    assert not has_cache_breakpoint(plain) and has_cache_breakpoint(marked)
+    assert not explicit.caches(has_cache_breakpoint(plain))
+    assert explicit.caches(has_cache_breakpoint(marked))
+    assert implicit.caches(has_cache_breakpoint(plain))
+
+
+def test_a_breakpoint_is_kept_on_the_stored_input_item() -> None:
+    part = {"type": "input_text", "text": "a", "prompt_cache_breakpoint": {"mode": "explicit"}}
+    item = normalise_item({"type": "message", "role": "user", "content": [part]}, "msg_1")
+    assert item["content"] == [part]
+    bare = normalise_item({"type": "message", "role": "user", "content": "a"}, "msg_2")
+    assert bare["content"] == [{"type": "input_text", "text": "a"}]

@@ -222,3 +222,25 @@ def test_delivered_completions_are_counted_by_endpoint() -> None:
     assert _delivered("completed", "chat_completions") == before[0] + 1
     assert _delivered("failed", "chat_completions") == before[1] + 1
     assert _delivered("completed", "responses") == responses_before
+
+
+def test_prompt_cache_options_and_breakpoints_carry_over_to_the_responses_request() -> None:
+    breakpoint = {"mode": "explicit"}
+    request = chat(
+        messages=[
+            {
+                "role": "system",
+                "content": [{"type": "text", "text": "Rules.", "prompt_cache_breakpoint": breakpoint}],
+            },
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        ],
+        prompt_cache_options={"mode": "explicit", "ttl": "12h"},
+    )
+    translated = responses_request(request)
+    assert translated.prompt_cache_options is not None
+    assert translated.prompt_cache_options.echo()["ttl"] == "12h"
+    items = [item.model_dump(exclude_none=True) for item in translated.input or []]
+    assert items[0]["content"] == [
+        {"type": "input_text", "text": "Rules.", "prompt_cache_breakpoint": breakpoint}
+    ]
+    assert items[1]["content"] == "ab"
