@@ -225,21 +225,15 @@ class PromptCacheOptions(_Strict):
     prompt turns caching off for that request, as OpenAI's does (with breakpoints, resq still
     reuses every shared page, breakpoint or not). ``ttl`` is echoed, not enforced: blocks stay
     while the engine's KV cache has room. ``comparison_response_id`` is echoed; resq produces no
-    cache diagnostics. ``prewarm: true`` (prepare the cache without output) is refused: resq
-    fills its cache by generating only.
+    cache diagnostics. ``prewarm: true`` prepares the cache without output: the GPU worker computes
+    the prompt and generates nothing (:attr:`resq.wire.GenerationJob.prefill_only`), and the
+    response completes, with no output, once the prompt's pages are cached.
     """
 
     mode: Literal["implicit", "explicit"] | None = None
     ttl: Literal["30m", "12h"] | None = None
     prewarm: bool | None = Field(None, strict=True)
     comparison_response_id: str | None = Field(None, max_length=256)
-
-    @field_validator("prewarm")
-    @classmethod
-    def _no_prewarm(cls, value: bool | None) -> bool | None:
-        if value:
-            raise unsupported("prompt_cache_options.prewarm (preparing the cache without generating)")
-        return value
 
     def echo(self) -> dict[str, Any]:
         """What the Response says was applied (the SDK's ``Response.prompt_cache_options``)."""

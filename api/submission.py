@@ -306,6 +306,11 @@ async def accept(
     items = await gather_items(state, request, caller, response_id, local_history)
     prompt = plan_prompt(settings, request, tokenizer)
     plan, forced_ids = prompt.plan, prompt.forced_ids
+    # `prompt_cache_options.prewarm`: the prompt is computed and nothing generated (it overrides a
+    # socket's `generate: false`, which would compute nothing): no forced opening of a call either.
+    prefill_only = request.prompt_cache_options is not None and bool(request.prompt_cache_options.prewarm)
+    if prefill_only:
+        forced_ids, generate = [], True
     # Compiling a grammar can take a while for a large schema: never on the event loop. (Without
     # constraints there is nothing to compile, and no thread hop either.)
     grammar = (
@@ -387,16 +392,18 @@ async def accept(
         model=model,
         affinity_keys=list(routing.record),
         prompt_token_ids=prompt_ids,
-        max_output_tokens=limit,
+        # A prefill-only job computes the prompt and the engine's one step (the least it runs).
+        max_output_tokens=1 if prefill_only else limit,
         temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
         top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
         stop_token_ids=stop_token_ids(tokenizer, plan),
-        logprobs=plan.logprobs,
-        grammar=grammar,
+        logprobs=plan.logprobs and not prefill_only,
+        grammar=None if prefill_only else grammar,
         presence_penalty=request.presence_penalty or 0.0,
         frequency_penalty=request.frequency_penalty or 0.0,
         seed=chat.seed if chat is not None else None,
         cache_owner=_cache_owner(request, items, caller, response_id),
+        prefill_only=prefill_only,
     )
 
     created_json = jsonutil.dumps(created)

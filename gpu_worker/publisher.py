@@ -90,6 +90,9 @@ class _Tracked:
     affinity_pending: tuple[str, ...] = ()
     """Affinity keys this worker is still to be recorded for (:mod:`resq.affinity`): the record
     rides on the request's first round, instead of a round trip before the engine takes it."""
+    prefill_only: bool = False
+    """A prewarm (:attr:`resq.wire.GenerationJob.prefill_only`): its tokens are never published,
+    and it ends ``stop`` with none."""
 
     @property
     def total(self) -> int:
@@ -151,10 +154,12 @@ class TokenPublisher:
         logprobs: bool = False,
         request_id: str | None = None,
         affinity_keys: Iterable[str] = (),
+        prefill_only: bool = False,
     ) -> None:
         """Track a request the engine is about to take as ``request_id`` (default: the response id);
         its start entry, if missing, goes out with the next step, and this worker becomes the
-        affinity of ``affinity_keys`` in the same round.
+        affinity of ``affinity_keys`` in the same round. ``prefill_only``: publish none of its
+        tokens, only its end (a prewarm).
 
         A copy of an earlier claim of the same response still tracked here (this worker froze,
         lost the claim, and claimed the job again on waking) is stopped in the engine: its
@@ -170,6 +175,7 @@ class TokenPublisher:
             logprobs,
             start_pending=plan.publish_start,
             affinity_pending=tuple(affinity_keys),
+            prefill_only=prefill_only,
         )
         with self._lock:
             superseded = self._tracked.get(response_id)
@@ -316,7 +322,7 @@ class TokenPublisher:
                 held[request_id] = output
                 held_until = self._round_at
                 continue
-            new_tokens = list(output.generated_tokens[tracked.published :])
+            new_tokens = [] if tracked.prefill_only else list(output.generated_tokens[tracked.published :])
             if new_tokens:
                 logprobs = None
                 if tracked.logprobs and len(output.logprobs) == len(output.generated_tokens):
@@ -452,6 +458,8 @@ class TokenPublisher:
         if output.status == RequestStatus.FAILED or output.error is not None:
             message = output.error or "generation failed"
             return FinishEntry("error", tracked.prompt_tokens, generated, message, cached_tokens=cached)
+        if tracked.prefill_only:  # its one token was the engine's step, not output
+            return FinishEntry("stop", tracked.prompt_tokens, tracked.offset, cached_tokens=cached)
         last = output.generated_tokens[-1] if output.generated_tokens else None
         reason: FinishReason = "stop" if last in tracked.end_tokens else "length"
         return FinishEntry(reason, tracked.prompt_tokens, generated, cached_tokens=cached)

@@ -159,6 +159,7 @@ class GenerationService:
             request_id,
             # The next turn of this prefix comes here while this worker's cache holds it.
             affinity_keys=job.affinity_keys,
+            prefill_only=job.prefill_only,
         )
         metrics.PROMPT_TOKENS.inc(len(job.prompt_token_ids) if not plan.already_generated else 0)
         log.info(

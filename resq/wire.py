@@ -55,6 +55,9 @@ class GenerationJob(BaseModel):
     cache_owner: str = ""
     """The caller's key fingerprint: the engine shares prompt blocks only among its requests
     (:mod:`gpu_worker.prefix_cache`); empty without auth."""
+    prefill_only: bool = False
+    """Compute the prompt and publish no token (``prompt_cache_options.prewarm``): the prompt's pages
+    stay in the engine's prefix cache for the next turn; the job ends ``stop`` with 0 output tokens."""
 
 
 @dataclass(frozen=True, slots=True)

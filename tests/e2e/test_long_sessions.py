@@ -427,10 +427,55 @@ def test_prompt_cache_options_explicit_without_a_breakpoint_caches_nothing(stack
         }
     ]
     assert cached(marked, mode="explicit") > 0
-    with pytest.raises(openai.BadRequestError) as refused:
-        cached("Say hello.", prewarm=True)
-    assert refused.value.code == "unsupported_parameter"
-    assert refused.value.param == "prompt_cache_options.prewarm"
+
+
+def test_prompt_cache_options_prewarm_caches_the_prompt_and_generates_nothing(stack: Stack) -> None:
+    """A prewarm computes the prompt and generates nothing: the response completes with no output and
+    no output tokens, and the next turn finds the prompt's pages in the cache, which nothing else
+    computed (its first request would otherwise report 0 cached tokens)."""
+    client = stack.client()
+    instructions = f"Session {uuid.uuid4().hex}. " + " ".join(f"rule{index}" for index in range(150))
+    warmed = client.responses.create(
+        model=MODEL,
+        instructions=instructions,
+        input="Get ready.",
+        max_output_tokens=64,
+        prompt_cache_options={"prewarm": True},
+    )
+    assert warmed.status == "completed" and warmed.output == [], warmed
+    assert warmed.usage is not None and warmed.usage.output_tokens == 0
+    assert warmed.usage.input_tokens > 128
+    assert warmed.usage.input_tokens_details.cached_tokens == 0
+    assert warmed.prompt_cache_options is not None and warmed.prompt_cache_options.mode == "implicit"
+    assert warmed.max_output_tokens == 64
+    turn = client.responses.create(
+        model=MODEL,
+        previous_response_id=warmed.id,
+        instructions=instructions,
+        input="Say hello.",
+        temperature=0,
+        max_output_tokens=4,
+    )
+    assert turn.usage is not None
+    cached = turn.usage.input_tokens_details.cached_tokens
+    assert cached >= 128 and cached % 64 == 0, turn.usage
+    # Streamed, a prewarm is a valid stream with no output events.
+    events = list(
+        client.responses.create(
+            model=MODEL,
+            instructions=instructions,
+            input="Get ready again.",
+            stream=True,
+            prompt_cache_options={"prewarm": True, "ttl": "12h"},
+        )
+    )
+    final = check_stream([as_dict(event) for event in events])
+    assert final["status"] == "completed" and final["output"] == []
+    assert [event.type for event in events] == [
+        "response.created",
+        "response.in_progress",
+        "response.completed",
+    ]
 
 
 # --- openai-agents sessions ------------------------------------------------------------------------

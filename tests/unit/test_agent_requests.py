@@ -266,7 +266,6 @@ def test_prompt_cache_options_are_echoed_as_applied_and_validate_strictly() -> N
 @pytest.mark.parametrize(
     ("options", "param", "code"),
     [
-        ({"prewarm": True}, "prompt_cache_options.prewarm", "unsupported_parameter"),
         ({"prewarm": "yes"}, "prompt_cache_options.prewarm", None),
         ({"mode": "automatic"}, "prompt_cache_options.mode", None),
         ({"ttl": "1h"}, "prompt_cache_options.ttl", None),

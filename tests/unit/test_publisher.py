@@ -165,6 +165,20 @@ def test_the_start_entry_goes_out_with_the_first_tokens_in_one_round_trip(
     assert engine.released == 1 and publisher.active_count == 0
 
 
+def test_a_prefill_only_request_publishes_its_start_and_a_stop_with_no_tokens(r: redis.Redis) -> None:
+    """A prewarm's one engine token is never output: its stream is a start and a ``stop`` finish
+    with 0 output tokens, and its slot is released."""
+    engine = FakeEngine()
+    gens, publisher = new_publisher(r, engine)
+    job = staged_job(r, max_output_tokens=1)
+    fence, plan = claim_and_plan(gens, job)
+    publisher.start_request(job.response_id, fence, plan, prefill_only=True)
+    engine.outputs.append(finished(job, [11]))  # the step's token, at the job's limit: not EOS
+    publisher.step(0)
+    assert stream(r, job.response_id) == [StartEntry(3), FinishEntry("stop", 3, 0)]
+    assert engine.released == 1 and publisher.active_count == 0
+
+
 def test_a_start_entry_goes_out_while_the_engine_is_still_busy(r: redis.Redis) -> None:
     engine = FakeEngine()
     gens, publisher = new_publisher(r, engine)
