@@ -68,23 +68,14 @@ def _text(content: str | list[Any] | None) -> str:
     return "".join(part.text for part in content if isinstance(part, ChatTextPart))
 
 
-def _message_content(content: str | list[Any]) -> str | list[dict[str, Any]]:
-    """A system or user message's content as Responses input: its text, one ``input_text`` part
-    carrying the last ``prompt_cache_breakpoint`` its parts set (explicit prompt caching)."""
-    text = _text(content)
-    if isinstance(content, str):
-        return text
-    breakpoints = [part.prompt_cache_breakpoint for part in content if isinstance(part, ChatTextPart)]
-    marked = [breakpoint for breakpoint in breakpoints if breakpoint is not None]
-    if not marked:
-        return text
-    return [
-        {
-            "type": "input_text",
-            "text": text,
-            "prompt_cache_breakpoint": marked[-1].model_dump(exclude_none=True),
-        }
-    ]
+def _has_breakpoint(request: ChatCompletionRequest) -> bool:
+    """Whether any message's text part carries a ``prompt_cache_breakpoint`` (explicit prompt caching)."""
+    return any(
+        isinstance(part, ChatTextPart) and part.prompt_cache_breakpoint is not None
+        for message in request.messages
+        if not isinstance(message, UnsupportedMessage) and isinstance(message.content, list)
+        for part in message.content
+    )
 
 
 def _input_items(request: ChatCompletionRequest) -> list[dict[str, Any]]:
@@ -93,11 +84,9 @@ def _input_items(request: ChatCompletionRequest) -> list[dict[str, Any]]:
     called: set[str] = set()
     for index, message in enumerate(request.messages):
         if isinstance(message, SystemMessage):
-            items.append(
-                {"type": "message", "role": message.role, "content": _message_content(message.content)}
-            )
+            items.append({"type": "message", "role": message.role, "content": _text(message.content)})
         elif isinstance(message, UserMessage):
-            items.append({"type": "message", "role": "user", "content": _message_content(message.content)})
+            items.append({"type": "message", "role": "user", "content": _text(message.content)})
         elif isinstance(message, AssistantMessage):
             reasoning = message.reasoning_content or message.reasoning
             if reasoning:
@@ -197,7 +186,11 @@ def responses_request(request: ChatCompletionRequest) -> CreateResponseRequest:
         if value is not None:
             body[name] = value
     if request.prompt_cache_options is not None:
-        body["prompt_cache_options"] = request.prompt_cache_options.model_dump(exclude_none=True)
+        options = request.prompt_cache_options.model_dump(exclude_none=True)
+        if options.get("mode") == "explicit" and _has_breakpoint(request):
+            # The messages' parts become plain text: a breakpoint among them (any role) is said here.
+            options["mode"] = "implicit"
+        body["prompt_cache_options"] = options
     if request.tools:
         body["tools"] = [
             {"type": "function", **tool.function.model_dump(exclude_none=True)} for tool in request.tools

@@ -57,8 +57,14 @@ def summary_request(request: CompactRequest, max_output_tokens: int) -> CreateRe
         given = [{"type": "message", "role": "user", "content": request.input}]
     elif request.input is not None:
         given = [item.model_dump(exclude_none=True) for item in request.input]
+    options = request.prompt_cache_options
     return summary_of(
-        request.model, given, request.instructions, max_output_tokens, request.previous_response_id
+        request.model,
+        given,
+        request.instructions,
+        max_output_tokens,
+        request.previous_response_id,
+        options.model_dump(exclude_none=True) if options is not None else None,
     )
 
 
@@ -68,13 +74,15 @@ def summary_of(
     instructions: str | None,
     max_output_tokens: int,
     previous_response_id: str | None = None,
+    cache_options: dict[str, Any] | None = None,
 ) -> CreateResponseRequest:
     """The unstored create request whose answer summarises ``items`` (after a previous response's).
 
     The items were accepted as input before; one that no longer validates is the server's fault.
+    ``cache_options``: the compact request's ``prompt_cache_options`` (never a prewarm: refused).
     """
     try:
-        return _summary_of(model, items, instructions, max_output_tokens, previous_response_id)
+        return _summary_of(model, items, instructions, max_output_tokens, previous_response_id, cache_options)
     except ValidationError as exc:
         raise OpenAIError(
             500,
@@ -90,6 +98,7 @@ def _summary_of(
     instructions: str | None,
     max_output_tokens: int,
     previous_response_id: str | None,
+    cache_options: dict[str, Any] | None,
 ) -> CreateResponseRequest:
     unique = _first_of_each_id(items)
     return CreateResponseRequest.model_validate(
@@ -103,6 +112,7 @@ def _summary_of(
             "temperature": 0.0,
             # A conversation too long for the context is exactly what gets compacted.
             "truncation": "auto",
+            "prompt_cache_options": cache_options,
         },
         context=SERVER_BUILT,
     )

@@ -82,13 +82,15 @@ class RequestItems:
 
 
 def has_cache_breakpoint(items: list[Item]) -> bool:
-    """Whether any content part of ``items`` carries a ``prompt_cache_breakpoint``."""
+    """Whether any part of ``items`` (a message's ``content``, a tool output's ``output``) carries a
+    ``prompt_cache_breakpoint``."""
     for item in items:
-        content = item.get("content")
-        if isinstance(content, list) and any(
-            isinstance(part, dict) and part.get("prompt_cache_breakpoint") is not None for part in content
-        ):
-            return True
+        for field in ("content", "output"):
+            parts = item.get(field)
+            if isinstance(parts, list) and any(
+                isinstance(part, dict) and part.get("prompt_cache_breakpoint") is not None for part in parts
+            ):
+                return True
     return False
 
 

@@ -210,7 +210,8 @@ class RefusedType(RefusingBranch):
 class PromptCacheBreakpoint(_Strict):
     """``prompt_cache_breakpoint`` of a content part: where a reusable prefix ends (OpenAI's hint).
 
-    Taken and ignored: resq's engine reuses every shared prefix it holds, in whole pages, unasked.
+    resq's engine reuses every shared prefix it holds, in whole pages, breakpoint or not; with
+    ``prompt_cache_options.mode: "explicit"``, a prompt with no breakpoint uses no cache at all.
     """
 
     mode: Literal["explicit"]
@@ -1025,12 +1026,21 @@ class CompactRequest(_Strict):
     service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"] | None = None
     image: NotServed = None
     prompt_cache_options: PromptCacheOptions | None = None
-    """Validated; the summary's generation reuses cached pages as any request does."""
+    """The summary's generation uses the cache as these say; a prewarm (no output) is refused."""
 
     @model_validator(mode="before")
     @classmethod
     def _sane_body(cls, value: Any) -> Any:
         check_raw_body(value)
+        return value
+
+    @field_validator("prompt_cache_options")
+    @classmethod
+    def _no_prewarm(cls, value: PromptCacheOptions | None) -> PromptCacheOptions | None:
+        if value is not None and value.prewarm:
+            raise unsupported(
+                "prompt_cache_options.prewarm on a compaction (which must generate its summary)"
+            )
         return value
 
     @field_validator("image", mode="before")

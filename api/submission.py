@@ -246,10 +246,23 @@ def _cache_owner(
     caching (as OpenAI's): the job gets a space of its own, so it reuses no page and leaves none
     another request can reuse, and its ``cached_tokens`` is 0.
     """
-    options = request.prompt_cache_options
-    if options is None or options.caches(has_cache_breakpoint(items.conversation)):
+    if _caches(request, items):
         return caller.owner
     return f"{caller.owner}/uncached/{response_id}"
+
+
+def _caches(request: CreateResponseRequest, items: RequestItems) -> bool:
+    """Whether the request uses the prompt cache (see :func:`_cache_owner`). Its own input is read as
+    sent too: a breakpoint on an assistant message's part is not kept on the stored item."""
+    options = request.prompt_cache_options
+    if options is None or options.mode != "explicit":
+        return True
+    sent = (
+        [item.model_dump(exclude_none=True) for item in request.input]
+        if isinstance(request.input, list)
+        else []
+    )
+    return options.caches(has_cache_breakpoint(items.conversation) or has_cache_breakpoint(sent))
 
 
 async def served_tokenizer(state: AppState, model: str) -> TextTokenizer:
@@ -390,7 +403,8 @@ async def accept(
     job = GenerationJob(
         response_id=response_id,
         model=model,
-        affinity_keys=list(routing.record),
+        # A job that uses no cache leaves nothing for a next turn to find on its worker.
+        affinity_keys=list(routing.record) if _caches(request, items) else [],
         prompt_token_ids=prompt_ids,
         # A prefill-only job computes the prompt and the engine's one step (the least it runs).
         max_output_tokens=1 if prefill_only else limit,

@@ -427,6 +427,37 @@ def test_prompt_cache_options_explicit_without_a_breakpoint_caches_nothing(stack
         }
     ]
     assert cached(marked, mode="explicit") > 0
+    breakpoint = {"mode": "explicit"}
+    in_a_tool_output = [
+        {"role": "user", "content": "Run it."},
+        {"type": "function_call", "call_id": "c1", "name": "run", "arguments": "{}"},
+        {
+            "type": "function_call_output",
+            "call_id": "c1",
+            "output": [{"type": "input_text", "text": "done", "prompt_cache_breakpoint": breakpoint}],
+        },
+    ]
+    assert cached(in_a_tool_output, mode="explicit") > 0
+    on_an_assistant_part = [
+        {"role": "user", "content": "Say hello."},
+        {
+            "role": "assistant",
+            "content": [{"type": "input_text", "text": "Hello.", "prompt_cache_breakpoint": breakpoint}],
+        },
+        {"role": "user", "content": "Again."},
+    ]
+    assert cached(on_an_assistant_part, mode="explicit") > 0
+    # A compaction's summary follows its request's options too (the same one twice: 0 both times).
+    shorter = instructions[:600]
+    for _ in range(2):
+        compacted = client.responses.compact(
+            model=MODEL, instructions=shorter, input="Summarise.", prompt_cache_options={"mode": "explicit"}
+        )
+        assert compacted.usage is not None and compacted.usage.input_tokens_details.cached_tokens == 0
+    implicit = [
+        client.responses.compact(model=MODEL, instructions=shorter, input="Summarise.") for _ in range(2)
+    ]
+    assert implicit[1].usage is not None and implicit[1].usage.input_tokens_details.cached_tokens > 0
 
 
 def test_prompt_cache_options_prewarm_caches_the_prompt_and_generates_nothing(stack: Stack) -> None:

@@ -301,7 +301,16 @@ def test_explicit_prompt_caching_needs_a_breakpoint_somewhere_in_the_prompt() ->
             "content": [{"type": "input_text", "text": "a", "prompt_cache_breakpoint": {"mode": "explicit"}}],
         },
     ]
-    assert not has_cache_breakpoint(plain) and has_cache_breakpoint(marked)
+    in_output = [
+        {
+            "type": "function_call_output",
+            "call_id": "c",
+            "output": [{"type": "input_text", "text": "r", "prompt_cache_breakpoint": {"mode": "explicit"}}],
+        }
+    ]
+    assert (
+        not has_cache_breakpoint(plain) and has_cache_breakpoint(marked) and has_cache_breakpoint(in_output)
+    )
     assert not explicit.caches(has_cache_breakpoint(plain))
     assert explicit.caches(has_cache_breakpoint(marked))
     assert implicit.caches(has_cache_breakpoint(plain))

@@ -238,9 +238,25 @@ def test_prompt_cache_options_and_breakpoints_carry_over_to_the_responses_reques
     )
     translated = responses_request(request)
     assert translated.prompt_cache_options is not None
-    assert translated.prompt_cache_options.echo()["ttl"] == "12h"
+    # The parts become plain text; the breakpoint among them keeps explicit caching on.
+    assert translated.prompt_cache_options.echo() == {
+        "mode": "implicit",
+        "ttl": "12h",
+        "comparison_response_id": None,
+    }
     items = [item.model_dump(exclude_none=True) for item in translated.input or []]
-    assert items[0]["content"] == [
-        {"type": "input_text", "text": "Rules.", "prompt_cache_breakpoint": breakpoint}
-    ]
-    assert items[1]["content"] == "ab"
+    assert items[0]["content"] == "Rules." and items[1]["content"] == "ab"
+    calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    for role, extra in (("assistant", {}), ("tool", {"tool_call_id": "c1"})):
+        part = {"type": "text", "text": "x", "prompt_cache_breakpoint": breakpoint}
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "q"}]
+        if role == "tool":
+            messages.append({"role": "assistant", "content": None, "tool_calls": calls})
+        explicit = chat(
+            messages=[*messages, {"role": role, "content": [part], **extra}],
+            prompt_cache_options={"mode": "explicit"},
+        )
+        options = responses_request(explicit).prompt_cache_options
+        assert options is not None and options.mode == "implicit", role
+    unmarked = responses_request(chat(prompt_cache_options={"mode": "explicit"})).prompt_cache_options
+    assert unmarked is not None and unmarked.mode == "explicit"
