@@ -206,7 +206,10 @@ async def gather_items(
         else request.input
     )
     continues = request.previous_response_id is not None or request.conversation_id is not None
-    if not new_items and (input_required or not continues):
+    # A prewarm of the instructions alone (the session's start, before its first message) has a prompt.
+    options = request.prompt_cache_options
+    instructions_prewarm = bool(options is not None and options.prewarm and request.instructions)
+    if not new_items and (input_required or not continues) and not instructions_prewarm:
         raise invalid_value("Missing required parameter: 'input'.", "input", "missing_required_parameter")
     # Stored as sent (sealed reasoning stays sealed); the prompt gets them opened.
     own = normalise_input(await resolve_input(state, new_items, caller), response_id)

@@ -502,6 +502,17 @@ def test_prompt_cache_options_prewarm_caches_the_prompt_and_generates_nothing(st
     )
     final = check_stream([as_dict(event) for event in events])
     assert final["status"] == "completed" and final["output"] == []
+    # A session's start: its instructions alone, before the first message.
+    session = f"Session {uuid.uuid4().hex}. " + " ".join(f"step{index}" for index in range(150))
+    alone = client.responses.create(
+        model=MODEL, instructions=session, input=[], prompt_cache_options={"prewarm": True}
+    )
+    first = client.responses.create(
+        model=MODEL, previous_response_id=alone.id, instructions=session, input="Hi.", max_output_tokens=4
+    )
+    assert first.usage is not None and first.usage.input_tokens_details.cached_tokens >= 128, first.usage
+    with pytest.raises(openai.BadRequestError):  # nothing to prewarm
+        client.responses.create(model=MODEL, input=[], prompt_cache_options={"prewarm": True})
     assert [event.type for event in events] == [
         "response.created",
         "response.in_progress",
