@@ -20,7 +20,6 @@ from api.prompting import (
     PromptPlan,
     RequestItems,
     context_length_exceeded,
-    duplicate_item,
     gather_items,
     has_cache_breakpoint,
     plan_prompt,
@@ -30,7 +29,7 @@ from api.relay import wait_for_terminal
 from api.schemas import CreateResponseRequest, CustomTool, FunctionTool, JsonSchemaFormat, NamespaceTool, Tool
 from api.state import AppState, in_an_accept_slot
 from api.store import EarlierConversation, previous_response_not_found
-from resq import affinity, conversations, faults, ids, item_index, jsonutil, keys, records, turns
+from resq import affinity, faults, ids, item_index, jsonutil, keys, records, turns
 from resq.catalog import TextTokenizer
 from resq.conversation import since_last_compaction
 from resq.events import builders as build
@@ -237,6 +236,13 @@ async def _compacted_if_over(
     return items.compacted(item, last_turn), [item], None
 
 
+PREFILL_ONLY_TOKENS = 2
+"""What a prefill-only job lets the engine generate (and the GPU worker never publishes). Two, not
+one: transformers 5.25 registers a prompt's pages for sharing after the step that computed them,
+and skips a request that step finished (``PagedAttentionCache.mark_complete_blocks``), so a prompt
+computed in one step by a one-token request left nothing a next turn could reuse."""
+
+
 def _cache_owner(
     request: CreateResponseRequest, items: RequestItems, caller: Caller, response_id: str
 ) -> str:
@@ -290,9 +296,10 @@ async def accept(
 ) -> Accepted:
     """Validate what pydantic cannot, record the response, log its first events, and enqueue it.
 
-    ``generate`` False (the WebSocket mode's ``generate: false``): the response is prepared
-    without output instead: recorded ``completed`` with its input, no generation, so that a
-    later turn continues it (:func:`_record_prepared`).
+    ``generate`` False (the WebSocket mode's ``generate: false``), like
+    ``prompt_cache_options.prewarm``: the prompt is computed and no token generated (a prefill-only
+    job): the response completes with no output once the engine has its pages cached, and a later
+    turn continues it.
 
     ``local_history``: earlier responses a WebSocket keeps in memory (``store: false`` ones can be
     continued there), by id. ``chat``: the request came as a chat completion (:mod:`api.chat`):
@@ -319,11 +326,12 @@ async def accept(
     items = await gather_items(state, request, caller, response_id, local_history)
     prompt = plan_prompt(settings, request, tokenizer)
     plan, forced_ids = prompt.plan, prompt.forced_ids
-    # `prompt_cache_options.prewarm`: the prompt is computed and nothing generated (it overrides a
-    # socket's `generate: false`, which would compute nothing): no forced opening of a call either.
-    prefill_only = request.prompt_cache_options is not None and bool(request.prompt_cache_options.prewarm)
+    # `prompt_cache_options.prewarm` or a socket's `generate: false`: the prompt is computed and
+    # nothing generated; no forced opening of a call either.
+    prewarm = request.prompt_cache_options is not None and bool(request.prompt_cache_options.prewarm)
+    prefill_only = prewarm or not generate
     if prefill_only:
-        forced_ids, generate = [], True
+        forced_ids = []
     # Compiling a grammar can take a while for a large schema: never on the event loop. (Without
     # constraints there is nothing to compile, and no thread hop either.)
     grammar = (
@@ -378,15 +386,6 @@ async def accept(
         conversation_id=items.conversation_id,
         leading_output=tuple(leading_output),
     )
-    if not generate:
-        # What a post-processor would end it with, had it generated nothing: no job is recorded.
-        final = {
-            **created,
-            "status": "completed",
-            "completed_at": int(time.time()),
-            "usage": build.usage(len(prompt_ids), 0),
-        }
-        logged.append(emitter.emit(build.response_event(types.COMPLETED, final)))
     # Each turn is stored once (resq.turns): a continuation walks the chain of turns. A chain from
     # before turns existed, and a conversation's response, keep what they had.
     input_record: dict[str, Any] = {"items": items.own}
@@ -406,8 +405,7 @@ async def accept(
         # A job that uses no cache leaves nothing for a next turn to find on its worker.
         affinity_keys=list(routing.record) if _caches(request, items) else [],
         prompt_token_ids=prompt_ids,
-        # A prefill-only job computes the prompt and the engine's one step (the least it runs).
-        max_output_tokens=1 if prefill_only else limit,
+        max_output_tokens=min(PREFILL_ONLY_TOKENS, limit) if prefill_only else limit,
         temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
         top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
         stop_token_ids=stop_token_ids(tokenizer, plan),
@@ -425,16 +423,6 @@ async def accept(
 
     record = records.NewRecord(record_status, created_json, options, store, background, caller.owner)
     new = _NewResponse(response_id, record, logged, input_record, items.own, turn_parent, linked_turn)
-    if not generate:
-        opened = EventHub.of(state.redis).open_new(keys.events(response_id), logged) if follow else None
-        try:
-            await _record_prepared(state, new, jsonutil.dumps(final), items.conversation_id, opened)
-        except BaseException:
-            if opened is not None:
-                await opened.abandon()
-            raise
-        log.info("prepared without output: %d prompt tokens", len(prompt_ids))
-        return Accepted(response_id, created, background, store, items.sealed_conversation, opened)
     routed = await state.route_generation(model, routing.lookup)
     # The relay's follower joins before the log exists: no catch-up read of what is logged here,
     # and the hub's wake-up (if its read needs one) goes in the step below.
@@ -532,59 +520,3 @@ def _stage_response(pipe: Any, settings: Settings, new: _NewResponse) -> None:
         item_index.index_items(
             pipe, new.record.owner, response_id, new.own, item_index.INPUT, settings.store_ttl_s
         )
-
-
-async def _record_prepared(
-    state: AppState,
-    new: _NewResponse,
-    final_json: bytes,
-    conversation_id: str | None,
-    opened: OpenedLog | None,
-) -> None:
-    """Record ``new`` and end it with ``final_json`` in one step: what the API writes for a
-    response, then what a post-processor writes at its end (the final record, the turn's output,
-    the conversation's items), with no generation between (the WebSocket mode's ``generate:
-    false``). Nothing waits on a GPU, so it is not admitted. ``opened``: the relay's join of the
-    log, whose hub wake-up (if owed) goes in the step."""
-    settings = state.settings
-    response_id = new.response_id
-    final_ttl = settings.store_ttl_s if new.record.store else settings.transient_ttl_s
-    pipe = state.redis.pipeline(transaction=True)
-    # Guards, both reads: the turn it continues is still there; no item of a conversation it
-    # joins took one of its input's ids since it was accepted (its append would replace it).
-    parent_guards = _stage_parent_guard(pipe, new)
-    guards = parent_guards
-    item_ids = [str(item["id"]) for item in new.own]
-    if conversation_id is not None:
-        pipe.eval(conversations.FREE_IDS_LUA, 4, *keys.conversation_keys(conversation_id), *item_ids)
-        guards += 1
-    _stage_response(pipe, settings, new)
-    pipe.eval(
-        records.FINALIZE_LUA,
-        4,
-        keys.record(response_id),
-        keys.events(response_id),
-        keys.input_items(response_id),
-        keys.turn(response_id),
-        "completed",
-        final_json,
-        final_ttl,
-        "[]",
-    )
-    if conversation_id is not None:
-        pipe.eval(
-            conversations.APPEND_LUA,
-            4,
-            *keys.conversation_keys(conversation_id),
-            *conversations.append_arguments(settings.store_ttl_s, response_id, new.own),
-        )
-    if opened is not None:
-        # Other joiners counted on this join's wake-up (api.event_hub): it must go out.
-        opened.stage_wake(pipe)
-    refused = await state.guarded_step.execute(pipe, guards)
-    if refused is not None and refused <= parent_guards:
-        raise previous_response_not_found(str(new.turn_parent))
-    if refused is not None and conversation_id is not None:
-        held = await state.redis.hmget(keys.conversation_keys(conversation_id)[2], item_ids)
-        taken = next((item_id for item_id, item in zip(item_ids, held, strict=True) if item), item_ids[0])
-        raise duplicate_item(taken)

@@ -17,8 +17,9 @@ be continued on the same socket (the Open Responses rule; on another socket, or 
 ``previous_response_not_found``). A stored one is continued from the store, as over HTTP. A
 continuation that fails (an error event, or a response that ends ``failed``) evicts the response
 it named from that memory. With the SDK's ``generate: false`` the response is prepared without
-output (Codex's prewarm): recorded ``completed``, with its input and no generation, so that the
-next turn continues it by ``previous_response_id``. Messages still waiting when the client
+output (Codex's prewarm): a prefill-only job computes its prompt, so that the engine has its pages
+cached, and it completes with its input and no output; the next turn continues it by
+``previous_response_id``. Messages still waiting when the client
 closes the socket are not accepted.
 
 A socket lives ``RESQ_WEBSOCKET_MAX_S`` (an hour, as the Open Responses spec says): then, once
@@ -256,7 +257,7 @@ class Socket:
             return
         try:
             request, stream_id = create_request(message)
-            # `generate: false`: the response is prepared without output (a later turn continues it).
+            # `generate: false`: the prompt is computed, no output generated (a later turn continues it).
             generate = message.get("generate") is not False
             accepted = await accept(
                 self._state, request, self._caller, self._history, follow=True, generate=generate

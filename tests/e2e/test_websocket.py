@@ -386,7 +386,8 @@ def test_the_sdks_socket_fields_and_a_stream_id_json_cannot_carry(stack: Stack) 
 
 def test_a_response_prepared_without_output_is_continued_by_the_next_turn(stack: Stack) -> None:
     """``generate: false`` (Codex's prewarm over its socket): the response ends ``completed`` with
-    no output and no generation, and its input is the history the next turn continues."""
+    no output, its prompt computed (a prefill-only job), and its input is the history the next turn
+    continues, whose prompt finds those pages cached."""
     client = stack.client()
     instructions = "You are a terse assistant. " * 20
     with client.responses.connect() as connection:
@@ -409,6 +410,7 @@ def test_a_response_prepared_without_output_is_continued_by_the_next_turn(stack:
         model=MODEL, instructions=instructions, input="What is my name?"
     ).input_tokens
     assert answered["usage"]["input_tokens"] > alone  # the prepared turn is in its prompt
+    assert answered["usage"]["input_tokens_details"]["cached_tokens"] >= 64  # and was computed
     stored = client.responses.retrieve(prepared["id"])
     assert stored.status == "completed" and stored.output == []
     assert [item.type for item in client.responses.input_items.list(prepared["id"]).data] == ["message"]

@@ -170,10 +170,12 @@ def test_a_prefill_only_request_publishes_its_start_and_a_stop_with_no_tokens(r:
     with 0 output tokens, and its slot is released."""
     engine = FakeEngine()
     gens, publisher = new_publisher(r, engine)
-    job = staged_job(r, max_output_tokens=1)
+    job = staged_job(r, max_output_tokens=2)
     fence, plan = claim_and_plan(gens, job)
     publisher.start_request(job.response_id, fence, plan, prefill_only=True)
-    engine.outputs.append(finished(job, [11]))  # the step's token, at the job's limit: not EOS
+    engine.outputs.append(decoding(job, [11]))  # a first token, which would go out at once
+    publisher.step(0)
+    engine.outputs.append(finished(job, [11, 12]))  # at the job's limit: not EOS
     publisher.step(0)
     assert stream(r, job.response_id) == [StartEntry(3), FinishEntry("stop", 3, 0)]
     assert engine.released == 1 and publisher.active_count == 0
