@@ -190,12 +190,15 @@ async def gather_items(
     response_id: str,
     local_history: dict[str, EarlierConversation] | None = None,
     input_required: bool = True,
+    instructions_alone: bool = False,
 ) -> RequestItems:
     """The request's items and the history it continues (400/404 for what cannot be continued).
 
     A ``previous_response_id`` found in ``local_history`` (a WebSocket's memory of its last
     response) continues from there, stored or not. ``input_required`` False: a request that
     continues a history may bring no new input (a count, or a compaction, of that history alone).
+    ``instructions_alone``: a prefill-only request (a prewarm) may bring its instructions and no
+    input.
     """
     conflict = conflicting_history(request)
     if conflict is not None:
@@ -207,8 +210,7 @@ async def gather_items(
     )
     continues = request.previous_response_id is not None or request.conversation_id is not None
     # A prewarm of the instructions alone (the session's start, before its first message) has a prompt.
-    options = request.prompt_cache_options
-    instructions_prewarm = bool(options is not None and options.prewarm and request.instructions)
+    instructions_prewarm = instructions_alone and bool(request.instructions)
     if not new_items and (input_required or not continues) and not instructions_prewarm:
         raise invalid_value("Missing required parameter: 'input'.", "input", "missing_required_parameter")
     # Stored as sent (sealed reasoning stays sealed); the prompt gets them opened.

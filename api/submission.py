@@ -323,13 +323,15 @@ async def accept(
     tokenizer = await served_tokenizer(state, request.model)
     response_id = ids.new_response_id()
     bind_response_id(response_id)
-    items = await gather_items(state, request, caller, response_id, local_history)
-    prompt = plan_prompt(settings, request, tokenizer)
-    plan, forced_ids = prompt.plan, prompt.forced_ids
     # `prompt_cache_options.prewarm` or a socket's `generate: false`: the prompt is computed and
-    # nothing generated; no forced opening of a call either.
+    # nothing generated (no forced opening of a call either); its instructions alone may be it.
     prewarm = request.prompt_cache_options is not None and bool(request.prompt_cache_options.prewarm)
     prefill_only = prewarm or not generate
+    items = await gather_items(
+        state, request, caller, response_id, local_history, instructions_alone=prefill_only
+    )
+    prompt = plan_prompt(settings, request, tokenizer)
+    plan, forced_ids = prompt.plan, prompt.forced_ids
     if prefill_only:
         forced_ids = []
     # Compiling a grammar can take a while for a large schema: never on the event loop. (Without

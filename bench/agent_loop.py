@@ -19,7 +19,12 @@ rotated between rounds (:func:`bench.stats.alternated`):
 - ``prefix-off``: HTTP SSE on a stack with ``RESQ_PREFIX_CACHING=false``;
 - ``prefix-on-ws``: the same loop over one WebSocket (``GET /v1/responses`` upgraded, one
   ``response.create`` message per turn, :mod:`api.routes.socket`) on the ``prefix-on`` stack; the loop's
-  time includes opening the socket, while the HTTP loops reuse a warm keep-alive client.
+  time includes opening the socket, while the HTTP loops reuse a warm keep-alive client;
+- ``prefix-on-ws-prewarmed``: that WebSocket loop as Codex opens a session: first a ``generate: false``
+  message with the instructions alone (the prewarm, which computes them into the engine's cache while
+  a user would still be typing), then the turns, the first one continuing the prewarm. Its loop time
+  leaves the prewarm out (timed apart, ``prewarm_s``); HTTP / it is reported beside the like-for-like
+  HTTP / WebSocket ratio, which the target is judged on.
 
 Ratios are medians of per-round ratios (:meth:`bench.results.ResultSet.per_round_ratios`): turn-10
 TTFT off / on (target >= 3x), whole loop HTTP / WebSocket (target >= 1.2x). The shared prefix of
@@ -72,7 +77,8 @@ SCENARIO = "B6"
 ON = "prefix-on"
 OFF = "prefix-off"
 WS = "prefix-on-ws"
-SYSTEMS = (ON, OFF, WS)
+WS_PREWARMED = "prefix-on-ws-prewarmed"
+SYSTEMS = (ON, OFF, WS, WS_PREWARMED)
 TTFT_TARGET = 3.0
 """Turn-10 TTFT, prefix caching off / on, at least."""
 WS_TARGET = 1.2
@@ -254,6 +260,8 @@ class LoopRun:
     turns: list[Turn]
     wall_s: float
     """First request sent (socket opened, for WebSocket) to the last turn's terminal event."""
+    prewarm_s: float | None = None
+    """The prewarm's own time (socket opened to its terminal event), left out of ``wall_s``."""
 
     def shared_prefix(self, turn: int) -> int:
         """Tokens ``turn`` shares with what the previous turn computed: the previous prompt (0 first)."""
@@ -266,6 +274,7 @@ class LoopRun:
         pages = shared // KV_PAGE_SIZE * KV_PAGE_SIZE
         metrics: dict[str, float] = {
             "loop_s": self.wall_s,
+            **({"prewarm_s": self.prewarm_s} if self.prewarm_s is not None else {}),
             "last_input_tokens": float(self.turns[last].input_tokens),
             "last_cached_tokens": float(self.turns[last].cached_tokens),
             "last_shared_tokens": float(shared),
@@ -343,19 +352,32 @@ async def ws_turn(socket: ClientConnection, params: dict[str, Any]) -> Turn:
             return found
 
 
-async def ws_loop(base_url: str, model: str, session: str, shape: LoopShape) -> tuple[list[Turn], float]:
-    """The loop over one WebSocket (opened inside the timed span); its turns and wall time."""
+async def ws_loop(
+    base_url: str, model: str, session: str, shape: LoopShape, prewarm: bool = False
+) -> tuple[list[Turn], float, float | None]:
+    """The loop over one WebSocket (opened inside the timed span); its turns, wall time, and with
+    ``prewarm`` the time of a ``generate: false`` of the instructions alone sent first (not in the
+    wall time, which then starts at the first turn)."""
     url = "ws" + base_url.removeprefix("http") + "/v1/responses"
     started = time.perf_counter()
     turns: list[Turn] = []
     previous: str | None = None
+    prewarm_s: float | None = None
     async with connect(url, max_size=None, open_timeout=60) as socket:
+        if prewarm:
+            params = create_params(model, session, 0, None, shape)
+            params.update(input=[], generate=False)
+            del params["max_output_tokens"], params["temperature"]
+            warmed = await asyncio.wait_for(ws_turn(socket, params), TURN_TIMEOUT_S)
+            previous = warmed.response_id
+            prewarm_s = time.perf_counter() - started
+            started = time.perf_counter()
         for turn in range(shape.turns):
             params = create_params(model, session, turn, previous, shape)
             found = await asyncio.wait_for(ws_turn(socket, params), TURN_TIMEOUT_S)
             turns.append(found)
             previous = found.response_id
-    return turns, time.perf_counter() - started
+    return turns, time.perf_counter() - started, prewarm_s
 
 
 # --- the result: pairing, tables, verdicts (pure) -----------------------------------------------------
@@ -369,6 +391,21 @@ def ttft_ratios(results: ResultSet, model: str) -> list[float]:
 def ws_ratios(results: ResultSet, model: str) -> list[float]:
     """Whole-loop time HTTP / WebSocket of each round."""
     return results.per_round_ratios(SCENARIO, ON, WS, "loop_s", model)
+
+
+def prewarmed_ratios(results: ResultSet, model: str, counted: bool = False) -> list[float]:
+    """Whole-loop time HTTP / the WebSocket loop after Codex's prewarm, per round; ``counted``: the
+    prewarm's time added to that loop's."""
+    rounds = sorted({r.round for r in results.matching(SCENARIO, WS_PREWARMED, model)})
+    values = []
+    for index in rounds:
+        http = _metric(results, ON, model, index, "loop_s")
+        loop = _metric(results, WS_PREWARMED, model, index, "loop_s")
+        prewarm = _metric(results, WS_PREWARMED, model, index, "prewarm_s") or 0.0
+        value = ratio(http, None if loop is None else loop + (prewarm if counted else 0.0))
+        if value is not None:
+            values.append(value)
+    return values
 
 
 def _median_or_none(values: Sequence[float]) -> float | None:
@@ -483,22 +520,32 @@ def turns_table(results: ResultSet, model: str) -> Table:
                 fmt(_turn_median(results, OFF, model, "ttft_ms", turn)),
                 fmt(_turn_median(results, ON, model, "ttft_ms", turn)),
                 fmt(_turn_median(results, WS, model, "ttft_ms", turn)),
+                fmt(_turn_median(results, WS_PREWARMED, model, "ttft_ms", turn)),
             ]
         )
     headers = [
         "turn", "prompt tokens", "shared prefix", "cached (on)", "cached / prompt", "cached / shared",
-        "cached (off)", "TTFT off ms", "TTFT on ms", "TTFT on WS ms",
+        "cached (off)", "TTFT off ms", "TTFT on ms", "TTFT on WS ms", "TTFT on WS, prewarmed ms",
     ]  # fmt: skip
     return Table(f"{SCENARIO} agent loop on {model}: per turn (medians over rounds)", headers, rows)
 
 
 def verdict_lines(results: ResultSet, model: str) -> list[str]:
-    """Each target with what was measured (per-round values where paired) and its verdict."""
+    """Each target with what was measured (per-round values where paired) and its verdict, then the
+    prewarmed WebSocket loop's ratios (not a target: the like-for-like loop is)."""
     paired = {0: fmt_paired(ttft_ratios(results, model)), 2: fmt_paired(ws_ratios(results, model))}
     lines = []
     for index, target in enumerate(agent_targets(results, model)):
         measured = paired.get(index) or fmt_ratio(target.measured)
         lines.append(f"{target.name}: {measured}, target >= {target.bound:g}x: {target.verdict()}")
+    if results.matching(SCENARIO, WS_PREWARMED, model):
+        lines.append(
+            f"{SCENARIO} {model}: whole loop, HTTP SSE / WebSocket after Codex's prewarm (generate: false at "
+            f"the session's start), prewarm not timed: {fmt_paired(prewarmed_ratios(results, model))}; "
+            f"timed: {fmt_paired(prewarmed_ratios(results, model, counted=True))}; first-turn TTFT "
+            f"{fmt(_turn_median(results, WS_PREWARMED, model, 'ttft_ms', 0))} ms against "
+            f"{fmt(_turn_median(results, WS, model, 'ttft_ms', 0))} ms without it (medians of rounds)"
+        )
     return lines
 
 
@@ -506,7 +553,7 @@ def session_tag(run: str, round_index: int, system: str) -> str:
     """The session of one loop: the two HTTP loops of a round send the very same requests (they run on
     stacks of their own); the WebSocket loop, on the prefix-on stack, gets its own, so it reuses
     nothing the HTTP loop cached there."""
-    return f"{run}-r{round_index}" + ("-ws" if system == WS else "")
+    return f"{run}-r{round_index}" + {WS: "-ws", WS_PREWARMED: "-wsp"}.get(system, "")
 
 
 # --- running it ------------------------------------------------------------------------------------
@@ -523,13 +570,19 @@ class AgentRun:
     results: ResultSet = field(default_factory=ResultSet)
     orders: dict[int, list[str]] = field(default_factory=dict)
 
-    async def one(self, client: httpx.AsyncClient, system: str, session: str) -> tuple[list[Turn], float]:
+    async def one(
+        self, client: httpx.AsyncClient, system: str, session: str
+    ) -> tuple[list[Turn], float, float | None]:
         """One loop of ``system`` (a fresh session)."""
         name = self.on.model.served_name
-        if system == WS:
-            return await ws_loop(self.on.base_url, name, session, self.shape)
+        if system in (WS, WS_PREWARMED):
+            turns, wall, prewarm_s = await ws_loop(
+                self.on.base_url, name, session, self.shape, prewarm=system == WS_PREWARMED
+            )
+            return turns, wall, prewarm_s
         stack = self.on if system == ON else self.off
-        return await http_loop(client, stack.base_url, name, session, self.shape)
+        turns, wall = await http_loop(client, stack.base_url, name, session, self.shape)
+        return turns, wall, None
 
     async def measure(self, rounds: int, on_run: Callable[[LoopRun], None]) -> None:
         """A warm-up loop of every system, then ``rounds`` rounds of one loop each, order rotated."""
@@ -541,8 +594,10 @@ class AgentRun:
                 order = alternated(list(SYSTEMS), round_index)
                 self.orders[round_index] = order
                 for system in order:
-                    turns, wall = await self.one(client, system, session_tag(tag, round_index, system))
-                    run = LoopRun(system, round_index, turns, wall)
+                    turns, wall, prewarm_s = await self.one(
+                        client, system, session_tag(tag, round_index, system)
+                    )
+                    run = LoopRun(system, round_index, turns, wall, prewarm_s)
                     self.results.add(run.record(self.model))
                     on_run(run)
 
@@ -550,8 +605,9 @@ class AgentRun:
 def _echo_run(run: LoopRun) -> None:
     ttft = [fmt(None if t.ttft_s is None else t.ttft_s * 1000, 0) for t in run.turns]
     cached = [str(t.cached_tokens) for t in run.turns]
+    prewarm = f" (after a {run.prewarm_s:.2f} s prewarm)" if run.prewarm_s is not None else ""
     click.echo(
-        f"round {run.round_index + 1}: {run.system:13s} loop {run.wall_s:6.2f} s; "
+        f"round {run.round_index + 1}: {run.system:13s} loop {run.wall_s:6.2f} s{prewarm}; "
         f"TTFT ms per turn {', '.join(ttft)}; cached {', '.join(cached)}"
     )
 

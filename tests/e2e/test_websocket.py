@@ -411,6 +411,10 @@ def test_a_response_prepared_without_output_is_continued_by_the_next_turn(stack:
     ).input_tokens
     assert answered["usage"]["input_tokens"] > alone  # the prepared turn is in its prompt
     assert answered["usage"]["input_tokens_details"]["cached_tokens"] >= 64  # and was computed
+    with client.responses.connect() as connection:  # a session's start: its instructions alone
+        connection.response.create(model=MODEL, instructions=instructions, input=[], generate=False)
+        alone = check_stream(until_terminal(connection))
+        assert (alone["status"], alone["output"], alone["usage"]["output_tokens"]) == ("completed", [], 0)
     stored = client.responses.retrieve(prepared["id"])
     assert stored.status == "completed" and stored.output == []
     assert [item.type for item in client.responses.input_items.list(prepared["id"]).data] == ["message"]

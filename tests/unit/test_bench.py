@@ -667,3 +667,20 @@ def test_the_bench_names_a_forks_version_and_the_redis_it_answers_as() -> None:
     assert redis_server_version({"redis_version": "7.4.2", "server_name": "redis"}) == "7.4.2"
     valkey = {"redis_version": "7.2.4", "server_name": "valkey", "valkey_version": "8.0.1"}
     assert redis_server_version(valkey) == "valkey 8.0.1 (as Redis 7.2.4)"
+
+
+def test_agent_loop_reports_the_prewarmed_socket_loop_with_and_without_its_prewarm() -> None:
+    from bench.agent_loop import ON, WS, WS_PREWARMED, LoopRun, prewarmed_ratios, session_tag, verdict_lines
+    from bench.results import ResultSet
+
+    results = ResultSet()
+    inputs = [1000, 1300]
+    results.add(_agent_loop(ON, 0, [900.0, 100.0], inputs, [0, 640], 4.0).record("bench"))
+    results.add(_agent_loop(WS, 0, [900.0, 100.0], inputs, [0, 640], 4.0).record("bench"))
+    warmed = _agent_loop(WS_PREWARMED, 0, [300.0, 100.0], inputs, [640, 640], 3.2)
+    results.add(LoopRun(warmed.system, 0, warmed.turns, warmed.wall_s, prewarm_s=0.8).record("bench"))
+    assert prewarmed_ratios(results, "bench") == pytest.approx([1.25])
+    assert prewarmed_ratios(results, "bench", counted=True) == pytest.approx([1.0])
+    line = verdict_lines(results, "bench")[-1]
+    assert "prewarm not timed: 1.25" in line and "timed: 1.00" in line and "300.0 ms against 900.0 ms" in line
+    assert session_tag("t", 0, WS_PREWARMED) != session_tag("t", 0, WS)
