@@ -237,8 +237,9 @@ async def _compacted_if_over(
 
 
 PREFILL_ONLY_TOKENS = 2
-"""What a prefill-only job lets the engine generate (and the GPU worker never publishes). Two, not
-one: transformers 5.25 registers a prompt's pages for sharing after the step that computed them,
+"""What a prefill-only job lets the engine generate (and the GPU worker never publishes), whatever
+the request's ``max_output_tokens`` (the context allowing; end tokens do not stop it either). Two,
+not one: transformers 5.25 registers a prompt's pages for sharing after the step that computed them,
 and skips a request that step finished (``PagedAttentionCache.mark_complete_blocks``), so a prompt
 computed in one step by a one-token request left nothing a next turn could reuse."""
 
@@ -343,7 +344,14 @@ async def accept(
     )
     leading_output: list[dict[str, Any]] = []
     fitted: FittedPrompt | None = None
-    if request.context_management:
+    if prefill_only and not _caches(request, items) and prewarm:
+        raise invalid_value(
+            "A prewarm with prompt_cache_options.mode 'explicit' needs a prompt_cache_breakpoint in "
+            "its prompt: without one the request uses no cache, and there is nothing to prepare.",
+            "prompt_cache_options.mode",
+        )
+    # A prefill-only request generates nothing, a summary neither: its prompt is computed as it is.
+    if request.context_management and not prefill_only:
         items, leading_output, fitted = await _compacted_if_over(state, request, items, prompt, caller)
     # Never on more text than the context can hold: render_prompt refuses that before tokenizing.
     if fitted is None:
@@ -407,7 +415,11 @@ async def accept(
         # A job that uses no cache leaves nothing for a next turn to find on its worker.
         affinity_keys=list(routing.record) if _caches(request, items) else [],
         prompt_token_ids=prompt_ids,
-        max_output_tokens=min(PREFILL_ONLY_TOKENS, limit) if prefill_only else limit,
+        max_output_tokens=(
+            min(PREFILL_ONLY_TOKENS, max(1, tokenizer.card.context_length - len(prompt_ids)))
+            if prefill_only
+            else limit
+        ),
         temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
         top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
         stop_token_ids=stop_token_ids(tokenizer, plan),

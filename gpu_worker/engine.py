@@ -296,8 +296,9 @@ class Engine:
                 max_new_tokens=job.max_output_tokens,
                 streaming=True,
                 # The step's flags for a row it could not sample, or whose grammar failed, end
-                # the request at once.
-                eos_token_id=[*self.end_tokens(job), *STEP_FLAGS],
+                # the request at once. A prefill-only job runs its steps whatever it samples: one
+                # that ended in the step computing its prompt would leave no page to reuse.
+                eos_token_id=[*STEP_FLAGS] if job.prefill_only else [*self.end_tokens(job), *STEP_FLAGS],
                 **sampling,
             )
         except BaseException:

@@ -513,6 +513,27 @@ def test_prompt_cache_options_prewarm_caches_the_prompt_and_generates_nothing(st
     assert first.usage is not None and first.usage.input_tokens_details.cached_tokens >= 128, first.usage
     with pytest.raises(openai.BadRequestError):  # nothing to prewarm
         client.responses.create(model=MODEL, input=[], prompt_cache_options={"prewarm": True})
+    # Whatever the request's own limit, the prompt's pages are kept (a request the engine ended in
+    # the step computing its prompt would leave none); a compaction is not a prewarm's to generate.
+    other = f"Session {uuid.uuid4().hex}. " + " ".join(f"task{index}" for index in range(150))
+    short = client.responses.create(
+        model=MODEL,
+        instructions=other,
+        input="Ready.",
+        max_output_tokens=1,
+        context_management=[{"type": "compaction", "compact_threshold": 100}],
+        prompt_cache_options={"prewarm": True},
+    )
+    assert short.status == "completed" and short.output == [], short.output
+    follow = client.responses.create(
+        model=MODEL, previous_response_id=short.id, instructions=other, input="Hi.", max_output_tokens=4
+    )
+    assert follow.usage is not None and follow.usage.input_tokens_details.cached_tokens >= 128, follow.usage
+    with pytest.raises(openai.BadRequestError) as refused:  # explicit, no breakpoint: nothing to prepare
+        client.responses.create(
+            model=MODEL, input="Ready.", prompt_cache_options={"prewarm": True, "mode": "explicit"}
+        )
+    assert refused.value.param == "prompt_cache_options.mode"
     assert [event.type for event in events] == [
         "response.created",
         "response.in_progress",

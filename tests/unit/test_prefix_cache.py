@@ -11,6 +11,7 @@ import pytest
 from gpu_worker.engine import Engine
 from gpu_worker.model_loading import LoadedModel, load_model
 from resq.settings import Settings
+from resq.wire import GenerationJob
 from tests.fixture_model import ensure_fixture_model
 from tests.support.engine import chat_prompt_ids, greedy_job
 
@@ -100,3 +101,34 @@ def test_without_prefix_caching_nothing_is_reused(loaded: LoadedModel) -> None:
         assert reused_by(engine, "resp_twice", prompt) == 0
     finally:
         engine.stop()
+
+
+def finish(engine: Engine, job: GenerationJob) -> list[int]:
+    """Run ``job`` to its end; the tokens it generated."""
+    assert engine.acquire_slot(5)
+    engine.add(job)
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            for output in engine.next_outputs(0.5):
+                if output.request_id == job.response_id and output.is_finished():
+                    return list(output.generated_tokens)
+        raise AssertionError(f"{job.response_id} did not finish")
+    finally:
+        engine.forget(job.response_id)
+        engine.release_slot()
+
+
+def test_a_prefill_only_job_leaves_its_prompt_pages_to_the_next_turn(
+    caching: Engine, loaded: LoadedModel
+) -> None:
+    """A prewarm (``prefill_only``, two steps whatever it samples) leaves its prompt's pages; a job the
+    engine ended in the step that computed its prompt leaves none (transformers 5.25 registers a page
+    after its step, and skips a request that step finished: why a prewarm runs two)."""
+    for name, prefill_only, tokens in (("one_step", False, 1), ("prewarm", True, 2)):
+        shared = f"{name}: " + " ".join(f"rule{index}" for index in range(60))
+        warm = greedy_job(f"resp_{name}", chat_prompt_ids(loaded, shared + " Ready?"), tokens)
+        generated = finish(caching, warm.model_copy(update={"prefill_only": prefill_only}))
+        assert len(generated) == tokens
+        reused = reused_by(caching, f"resp_{name}_next", chat_prompt_ids(loaded, shared + " Go on."))
+        assert (reused > 0) == prefill_only, (name, reused)
