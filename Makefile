@@ -59,7 +59,7 @@ bench: install  ## Benchmarks B1-B5 against the baselines; writes docs/benchmark
 bench-structured: install  ## Structured (json_schema) vs plain throughput and TTFT, paired per round (~3 min)
 	$(BIN)/python -m bench.structured $(BENCH_ARGS)
 
-bench-agent: install  ## Agent loop (10 turns, growing history): prefix caching on vs off, WebSocket vs HTTP SSE (~3 min)
+bench-agent: install  ## Agent loop (10 turns, growing history): prefix caching on vs off, WebSocket vs HTTP SSE, and the socket after Codex's prewarm (~5 min)
 	$(BIN)/python -m bench.agent_loop $(BENCH_ARGS)
 
 bench-grammar: install  ## The API's grammar check of an agent's strict tools: compiled vs remembered, paired (~1 min)
