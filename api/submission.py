@@ -244,23 +244,19 @@ and skips a request that step finished (``PagedAttentionCache.mark_complete_bloc
 computed in one step by a one-token request left nothing a next turn could reuse."""
 
 
-def _cache_owner(
-    request: CreateResponseRequest, items: RequestItems, caller: Caller, response_id: str
-) -> str:
+def _cache_owner(caches: bool, caller: Caller, response_id: str) -> str:
     """The space the job's prompt pages are hashed in (:mod:`gpu_worker.prefix_cache`): the caller's.
 
-    ``prompt_cache_options.mode: "explicit"`` with no breakpoint in the prompt asks for no prompt
-    caching (as OpenAI's): the job gets a space of its own, so it reuses no page and leaves none
-    another request can reuse, and its ``cached_tokens`` is 0.
+    A request that uses no prompt cache (:func:`_caches`) gets a space of its own, so it reuses no
+    page and leaves none another request can reuse, and its ``cached_tokens`` is 0.
     """
-    if _caches(request, items):
-        return caller.owner
-    return f"{caller.owner}/uncached/{response_id}"
+    return caller.owner if caches else f"{caller.owner}/uncached/{response_id}"
 
 
 def _caches(request: CreateResponseRequest, items: RequestItems) -> bool:
-    """Whether the request uses the prompt cache (see :func:`_cache_owner`). Its own input is read as
-    sent too: a breakpoint on an assistant message's part is not kept on the stored item."""
+    """Whether the request uses the prompt cache: not with ``prompt_cache_options.mode: "explicit"``
+    and no breakpoint in its prompt (as OpenAI's). Its own input is read as sent too: a breakpoint on
+    an assistant message's part is not kept on the stored item."""
     options = request.prompt_cache_options
     if options is None or options.mode != "explicit":
         return True
@@ -344,7 +340,8 @@ async def accept(
     )
     leading_output: list[dict[str, Any]] = []
     fitted: FittedPrompt | None = None
-    if prefill_only and not _caches(request, items) and prewarm:
+    caches = _caches(request, items)
+    if prewarm and not caches:
         raise invalid_value(
             "A prewarm with prompt_cache_options.mode 'explicit' needs a prompt_cache_breakpoint in "
             "its prompt: without one the request uses no cache, and there is nothing to prepare.",
@@ -413,7 +410,7 @@ async def accept(
         response_id=response_id,
         model=model,
         # A job that uses no cache leaves nothing for a next turn to find on its worker.
-        affinity_keys=list(routing.record) if _caches(request, items) else [],
+        affinity_keys=list(routing.record) if caches else [],
         prompt_token_ids=prompt_ids,
         max_output_tokens=(
             min(PREFILL_ONLY_TOKENS, max(1, tokenizer.card.context_length - len(prompt_ids)))
@@ -428,7 +425,7 @@ async def accept(
         presence_penalty=request.presence_penalty or 0.0,
         frequency_penalty=request.frequency_penalty or 0.0,
         seed=chat.seed if chat is not None else None,
-        cache_owner=_cache_owner(request, items, caller, response_id),
+        cache_owner=_cache_owner(caches, caller, response_id),
         prefill_only=prefill_only,
     )
 
