@@ -372,11 +372,23 @@ def test_context_management_compacts_past_its_threshold(stack: Stack) -> None:
 # --- prefix caching -------------------------------------------------------------------------------
 
 
+def session_instructions(word: str) -> str:
+    """Instructions of ~700 tokens no other test sends (a fresh session tag first): nothing cached."""
+    return f"Session {uuid.uuid4().hex}. " + " ".join(f"{word}{index}" for index in range(150))
+
+
+def prewarm(client: OpenAI, instructions: str, input: Any, **fields: Any) -> Any:
+    """A ``prompt_cache_options.prewarm`` of ``instructions`` and ``input``, ``fields`` added."""
+    return client.responses.create(
+        model=MODEL, instructions=instructions, input=input, prompt_cache_options={"prewarm": True}, **fields
+    )
+
+
 def test_a_repeated_prefix_is_reused_and_reported_as_cached_tokens(stack: Stack) -> None:
     """An agent's next turn resends its instructions and history: the engine reuses their KV blocks,
     and ``cached_tokens`` says how many prompt tokens it did not compute (whole 64-token pages)."""
     client = stack.client()
-    instructions = f"Session {uuid.uuid4().hex}. " + " ".join(f"rule{index}" for index in range(150))
+    instructions = session_instructions("rule")
     first = client.responses.create(
         model=MODEL, instructions=instructions, input="Say hello.", temperature=0, max_output_tokens=4
     )
@@ -394,7 +406,7 @@ def test_prompt_cache_options_explicit_without_a_breakpoint_caches_nothing(stack
     it reuses no page and leaves none reusable; a breakpoint, or the implicit mode, caches again.
     The Response echoes the options (the SDK validates it strictly)."""
     client = stack.client()
-    instructions = f"Session {uuid.uuid4().hex}. " + " ".join(f"rule{index}" for index in range(150))
+    instructions = session_instructions("rule")
 
     def cached(input: Any, **options: Any) -> int:
         response = client.responses.create(
@@ -465,14 +477,8 @@ def test_prompt_cache_options_prewarm_caches_the_prompt_and_generates_nothing(st
     no output tokens, and the next turn finds the prompt's pages in the cache, which nothing else
     computed (its first request would otherwise report 0 cached tokens)."""
     client = stack.client()
-    instructions = f"Session {uuid.uuid4().hex}. " + " ".join(f"rule{index}" for index in range(150))
-    warmed = client.responses.create(
-        model=MODEL,
-        instructions=instructions,
-        input="Get ready.",
-        max_output_tokens=64,
-        prompt_cache_options={"prewarm": True},
-    )
+    instructions = session_instructions("rule")
+    warmed = prewarm(client, instructions, "Get ready.", max_output_tokens=64)
     assert warmed.status == "completed" and warmed.output == [], warmed
     assert warmed.usage is not None and warmed.usage.output_tokens == 0
     assert warmed.usage.input_tokens > 128
@@ -503,10 +509,8 @@ def test_prompt_cache_options_prewarm_caches_the_prompt_and_generates_nothing(st
     final = check_stream([as_dict(event) for event in events])
     assert final["status"] == "completed" and final["output"] == []
     # A session's start: its instructions alone, before the first message.
-    session = f"Session {uuid.uuid4().hex}. " + " ".join(f"step{index}" for index in range(150))
-    alone = client.responses.create(
-        model=MODEL, instructions=session, input=[], prompt_cache_options={"prewarm": True}
-    )
+    session = session_instructions("step")
+    alone = prewarm(client, session, [])
     first = client.responses.create(
         model=MODEL, previous_response_id=alone.id, instructions=session, input="Hi.", max_output_tokens=4
     )
@@ -515,14 +519,13 @@ def test_prompt_cache_options_prewarm_caches_the_prompt_and_generates_nothing(st
         client.responses.create(model=MODEL, input=[], prompt_cache_options={"prewarm": True})
     # Whatever the request's own limit, the prompt's pages are kept (a request the engine ended in
     # the step computing its prompt would leave none); a compaction is not a prewarm's to generate.
-    other = f"Session {uuid.uuid4().hex}. " + " ".join(f"task{index}" for index in range(150))
-    short = client.responses.create(
-        model=MODEL,
-        instructions=other,
-        input="Ready.",
+    other = session_instructions("task")
+    short = prewarm(
+        client,
+        other,
+        "Ready.",
         max_output_tokens=1,
         context_management=[{"type": "compaction", "compact_threshold": 100}],
-        prompt_cache_options={"prewarm": True},
     )
     assert short.status == "completed" and short.output == [], short.output
     follow = client.responses.create(
