@@ -14,6 +14,11 @@ GENERATED_TOKENS = Counter(
     "resq_generated_tokens", "Tokens generated and published to token streams (rate: tokens per second)."
 )
 PROMPT_TOKENS = Counter("resq_prompt_tokens", "Prompt tokens of the requests admitted into the engine.")
+CACHED_PROMPT_TOKENS = Counter(
+    "resq_cached_prompt_tokens",
+    "Prompt tokens the engine reused from its prefix cache instead of computing, counted as requests "
+    "end (what their usage reports as cached_tokens).",
+)
 GRAMMAR_MASK_SECONDS = Histogram(
     "resq_grammar_mask_seconds",
     "Time to compute one engine step's grammar masks: of the rows masked before the choice (overlaps the "

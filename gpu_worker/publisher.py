@@ -391,6 +391,7 @@ class TokenPublisher:
             else:
                 ended.append(response_id)
                 finish = finishing[response_id]
+                metrics.CACHED_PROMPT_TOKENS.inc(finish.cached_tokens)
                 log.info(
                     "generation ended: %s, %d tokens",
                     finish.finish_reason,

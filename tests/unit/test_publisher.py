@@ -9,6 +9,7 @@ from typing import Any, cast
 
 import pytest
 import redis
+from prometheus_client import REGISTRY
 from transformers.generation.continuous_batching.requests import GenerationOutput, RequestStatus
 
 from gpu_worker import pipelines
@@ -516,3 +517,26 @@ def test_a_round_of_several_requests_goes_out_as_one_transaction(private_redis: 
     assert calls.get("cmdstat_exec") == 1
     assert calls.get("cmdstat_evalsha") == 3
     r.close()
+
+
+def test_the_prompt_tokens_the_engine_reused_are_counted_as_requests_end(r: redis.Redis) -> None:
+    """``resq_cached_prompt_tokens_total`` adds each ending request's ``cached_tokens``: with
+    ``resq_prompt_tokens_total``, the prefix cache's hit rate."""
+
+    class Reusing(FakeEngine):
+        def cached_tokens(self, request_id: str) -> int:
+            return 2
+
+    engine = Reusing()
+    gens, publisher = new_publisher(r, engine)
+    job = staged_job(r)
+    fence, plan = claim_and_plan(gens, job)
+    publisher.start_request(job.response_id, fence, plan)
+    before = REGISTRY.get_sample_value("resq_cached_prompt_tokens_total") or 0.0
+    engine.outputs.append(decoding(job, [11]))
+    publisher.step(0)
+    assert (REGISTRY.get_sample_value("resq_cached_prompt_tokens_total") or 0.0) == before  # not ended
+    engine.outputs.append(finished(job, [11, EOS]))
+    publisher.step(0)
+    assert stream(r, job.response_id)[-1] == FinishEntry("stop", 3, 2, cached_tokens=2)
+    assert REGISTRY.get_sample_value("resq_cached_prompt_tokens_total") == before + 2
