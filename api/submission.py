@@ -236,14 +236,6 @@ async def _compacted_if_over(
     return items.compacted(item, last_turn), [item], None
 
 
-PREFILL_ONLY_TOKENS = 2
-"""What a prefill-only job lets the engine generate (and the GPU worker never publishes), whatever
-the request's ``max_output_tokens`` (the context allowing; end tokens do not stop it either). Two,
-not one: transformers 5.25 registers a prompt's pages for sharing after the step that computed them,
-and skips a request that step finished (``PagedAttentionCache.mark_complete_blocks``), so a prompt
-computed in one step by a one-token request left nothing a next turn could reuse."""
-
-
 def _cache_owner(caches: bool, caller: Caller, response_id: str) -> str:
     """The space the job's prompt pages are hashed in (:mod:`gpu_worker.prefix_cache`): the caller's.
 
@@ -258,14 +250,14 @@ def _caches(request: CreateResponseRequest, items: RequestItems) -> bool:
     and no breakpoint in its prompt (as OpenAI's). Its own input is read as sent too: a breakpoint on
     an assistant message's part is not kept on the stored item."""
     options = request.prompt_cache_options
-    if options is None or options.mode != "explicit":
+    if options is None or options.caches(has_breakpoint=False):
         return True
     sent = (
         [item.model_dump(exclude_none=True) for item in request.input]
         if isinstance(request.input, list)
         else []
     )
-    return options.caches(has_cache_breakpoint(items.conversation) or has_cache_breakpoint(sent))
+    return has_cache_breakpoint(items.conversation) or has_cache_breakpoint(sent)
 
 
 async def served_tokenizer(state: AppState, model: str) -> TextTokenizer:
@@ -412,11 +404,8 @@ async def accept(
         # A job that uses no cache leaves nothing for a next turn to find on its worker.
         affinity_keys=list(routing.record) if caches else [],
         prompt_token_ids=prompt_ids,
-        max_output_tokens=(
-            min(PREFILL_ONLY_TOKENS, max(1, tokenizer.card.context_length - len(prompt_ids)))
-            if prefill_only
-            else limit
-        ),
+        # A prefill-only job's steps are the engine's to choose (Engine.add), not the request's.
+        max_output_tokens=1 if prefill_only else limit,
         temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
         top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
         stop_token_ids=stop_token_ids(tokenizer, plan),

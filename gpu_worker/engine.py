@@ -80,6 +80,14 @@ GRAMMAR_FAILED_ERROR = (
 _FLAG_ERRORS = {NON_FINITE_TOKEN: NON_FINITE_ERROR, GRAMMAR_FAILED_TOKEN: GRAMMAR_FAILED_ERROR}
 
 
+PREFILL_ONLY_STEPS = 2
+"""The steps a prefill-only job (a prewarm) runs, whatever its ``max_output_tokens`` says (the
+context allowing) and whatever it samples; none of their tokens is published. Two, not one:
+transformers 5.25 registers a prompt's pages for sharing after the step that computed them, and
+skips a request that step finished (``PagedAttentionCache.mark_complete_blocks``), so a prompt
+computed by a request ending in that step left nothing a next turn could reuse."""
+
+
 CLAIM_SEPARATOR = "@"
 """Between a response id and its claim's epoch in an engine request id (never in a response id)."""
 
@@ -289,16 +297,19 @@ class Engine:
                 "top_k": self._vocab_size,
                 "top_p": float(job.top_p),
             }
+        steps, ends = job.max_output_tokens, [*self.end_tokens(job), *STEP_FLAGS]
+        if job.prefill_only:
+            room = self.context_length - len(job.prompt_token_ids)
+            steps, ends = max(1, min(PREFILL_ONLY_STEPS, room)), list(STEP_FLAGS)
         try:
             added = self._manager.add_request(
                 job.prompt_token_ids,
                 request_id=request_id,
-                max_new_tokens=job.max_output_tokens,
+                max_new_tokens=steps,
                 streaming=True,
                 # The step's flags for a row it could not sample, or whose grammar failed, end
-                # the request at once. A prefill-only job runs its steps whatever it samples: one
-                # that ended in the step computing its prompt would leave no page to reuse.
-                eos_token_id=[*STEP_FLAGS] if job.prefill_only else [*self.end_tokens(job), *STEP_FLAGS],
+                # the request at once (a prefill-only job: only they do).
+                eos_token_id=ends,
                 **sampling,
             )
         except BaseException:
