@@ -1,9 +1,12 @@
 """``resq up``: Redis (embedded if none answers), one GPU worker, the post-process workers and the API.
 
 Each role runs as its own process (``python -m resq <role>``) with the same
-resolved settings in its environment. Ctrl-C or SIGTERM stops them all; if one
-dies, the others are stopped too and ``resq up`` exits non-zero, so nothing is
-left half-running.
+resolved settings in its environment. Ctrl-C or SIGTERM stops them all. A role
+that dies while the stack starts fails the start (everything stops, ``resq up``
+exits non-zero); one that dies once the stack is up is started again, with the
+delays of :class:`~resq.restart_backoff.RestartBackoff`, while the others go on
+serving (its work is taken over as after any worker's loss: docs/reliability.md).
+A role that keeps dying at once stops everything, so nothing spins half-running.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from types import FrameType
 
 from resq.child_processes import die_with_parent
 from resq.embedded_redis import EmbeddedRedis, RedisRefusedError, masked_url, redis_answers
+from resq.restart_backoff import RestartBackoff
 from resq.settings import Settings
 
 log = logging.getLogger("resq.up")
@@ -62,8 +66,16 @@ def check_port_free(host: str, port: int) -> None:
 
 @dataclass
 class _Child:
+    """One role's process, and what it takes to start that role again."""
+
+    role: str
     name: str
+    metrics_offset: int | None
     process: subprocess.Popen[bytes]
+    started_at: float
+    backoff: RestartBackoff = field(default_factory=RestartBackoff)
+    restart_at: float | None = None
+    """When the dead process is to be replaced (monotonic clock); None while it runs."""
 
 
 @dataclass
@@ -116,14 +128,18 @@ class Supervisor:
         log.info("embedded Redis ready at %s", self.embedded_redis.url)
 
     def _spawn(self, role: str, suffix: str = "", metrics_offset: int | None = None) -> None:
+        name = f"{role}{'-' + suffix if suffix else ''}"
+        process = self._start_process(role, name, metrics_offset)
+        self.children.append(_Child(role, name, metrics_offset, process, time.monotonic()))
+
+    def _start_process(self, role: str, name: str, metrics_offset: int | None) -> subprocess.Popen[bytes]:
         env = {**os.environ, **self.settings.to_env()}
         if self.settings.metrics_port is not None and metrics_offset is not None:
             # Workers share this host: each serves its metrics on a port of its own.
             env["RESQ_METRICS_PORT"] = str(self.settings.metrics_port + metrics_offset)
         process = subprocess.Popen([sys.executable, "-m", "resq", role], env=env, preexec_fn=die_with_parent)
-        name = f"{role}{'-' + suffix if suffix else ''}"
-        self.children.append(_Child(name, process))
         log.info("started %s (pid %d)", name, process.pid)
+        return process
 
     def _wait_until_ready(self) -> None:
         url = f"http://{self.settings.host}:{self.settings.port}/health"
@@ -157,13 +173,44 @@ class Supervisor:
                 raise RuntimeError(f"{child.name} exited with code {code}")
 
     def _watch(self) -> int:
+        """Start again each role that dies, until a signal; 1 when one keeps dying at once."""
         while True:
-            try:
-                self._check_children()
-            except RuntimeError as exc:
-                log.error("%s; stopping everything", exc)
-                return 1
+            now = time.monotonic()
+            for child in self.children:
+                if child.restart_at is None:
+                    code = child.process.poll()
+                    if code is not None and not self._schedule_restart(child, code, now):
+                        return 1
+                elif now >= child.restart_at:
+                    child.process = self._start_process(child.role, child.name, child.metrics_offset)
+                    child.started_at, child.restart_at = now, None
             time.sleep(0.5)
+
+    def _schedule_restart(self, child: _Child, code: int, now: float) -> bool:
+        """Note when ``child``, found dead with ``code``, starts again; False when it keeps dying."""
+        ran_for_s = now - child.started_at
+        delay_s = child.backoff.after_death(ran_for_s)
+        if delay_s is None:
+            log.error(
+                "%s exited with code %d after %.0fs (%d times in a row, each within %.0fs of starting); "
+                "stopping everything (its log above says why)",
+                child.name,
+                code,
+                ran_for_s,
+                child.backoff.quick_deaths,
+                child.backoff.stable_after_s,
+            )
+            return False
+        # The others go on serving: a lost worker's responses are taken over (docs/reliability.md).
+        log.error(
+            "%s exited with code %d after %.0fs; starting it again in %.0fs",
+            child.name,
+            code,
+            ran_for_s,
+            delay_s,
+        )
+        child.restart_at = now + delay_s
+        return True
 
     def _stop_all(self) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
