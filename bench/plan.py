@@ -57,7 +57,8 @@ class Plan:
             # resq, the GPU worker's engine, upstream transformers; transformers serve twice
             per_model += len(self.b1_concurrencies) * (5 if self.with_serve else 3)
         if "B2" in self.scenarios:
-            per_model += 3 if self.with_serve else 2
+            # resq, the engine alone, the HTTP floor; transformers serve
+            per_model += 4 if self.with_serve else 3
         total = per_model * len(self.models) * self.rounds
         if "B3" in self.scenarios:
             total += 3 * self.rounds

@@ -243,6 +243,12 @@ def b2_table(results: ResultSet) -> Table:
             direct_itl = results.pooled("B1", "direct", "itl_ms", 50, model, clients)
             cells += [fmt(resq_itl, 2), fmt(direct_itl, 2), fmt(_difference(resq_itl, direct_itl), 2)]
             cells.append(fmt(ttft_ms(results, "serve", model, clients, 50)))
+            # The first frame of a bare SSE relay (no work): the HTTP round trip any Python server
+            # pays; what resq adds beyond it and the engine is the queue's own part of the overhead.
+            floor = results.pooled("B2", "floor", "ttft_ms", 50, model, 1) if clients == 1 else None
+            resq_p50 = ttft_ms(results, "resq", model, clients, 50)
+            direct_p50 = ttft_ms(results, "direct", model, clients, 50)
+            cells += [fmt(floor), fmt(_difference(_difference(resq_p50, direct_p50), floor))]
             rows.append(cells)
     headers = [
         "model", "clients",
@@ -250,6 +256,7 @@ def b2_table(results: ResultSet) -> Table:
         "TTFT p99 resq", "direct", "overhead",
         "ITL p50 resq", "direct", "overhead",
         "TTFT p50 serve",
+        "HTTP floor p50", "p50 overhead above the floor",
     ]  # fmt: skip
     return Table("B2 latency (ms; TTFT at 1 client from sequential probes)", headers, rows)
 

@@ -243,7 +243,10 @@ class BenchRun:
                 else None
             ),
         )
-        floor = Floor(self._group) if api_cpu else None
+        # B4 weighs the API's CPU against the relay floor; B2 probes its first frame, the HTTP round
+        # trip any Python SSE server pays before its first token, to read resq's overhead against.
+        probes_floor = compare and "B2" in plan.scenarios
+        floor = Floor(self._group) if api_cpu or probes_floor else None
         started: list[ResqStack | DirectEngine | TransformersServe | Floor] = [
             system
             for system in (up.stack, up.direct, up.upstream, up.serve, up.serve_defaults, floor)
@@ -266,12 +269,13 @@ class BenchRun:
                             self._step(f"B1 {model.key} round {round_index + 1}: {system} x{concurrency}")
                             self._b1(client, system, model, concurrency, round_index, up)
                             self._advance()
-                if compare and "B2" in plan.scenarios:
-                    for system in alternated(up.b2_systems(), round_index):
+                if probes_floor:
+                    probed = up.b2_systems() + (["floor"] if floor is not None else [])
+                    for system in alternated(probed, round_index):
                         self._step(f"B2 {model.key} round {round_index + 1}: {system} TTFT probes")
-                        self._b2(client, system, model, round_index, up)
+                        self._b2(client, system, model, round_index, up, floor)
                         self._advance()
-                if floor is not None:
+                if floor is not None and api_cpu:
                     for concurrency in plan.b4_concurrencies:
                         for system in alternated(["resq", "floor"], round_index):
                             self._step(f"B4 round {round_index + 1}: {system} API CPU x{concurrency}")
@@ -402,7 +406,13 @@ class BenchRun:
         )
 
     def _b2(
-        self, client: httpx.AsyncClient, system: str, model: BenchModel, round_index: int, up: HttpSystems
+        self,
+        client: httpx.AsyncClient,
+        system: str,
+        model: BenchModel,
+        round_index: int,
+        up: HttpSystems,
+        floor: Floor | None,
     ) -> None:
         tokens = self.plan.b2_probe_tokens
         ttfts: list[float] = []
@@ -412,7 +422,11 @@ class BenchRun:
                 request = up.engine_of(system).run(1, tokens)["requests"][0]
                 ttfts.append(request["ttft_s"] * 1000)
                 continue
-            timings, _ = self._http_streams(client, system, 1, tokens, up)
+            if system == "floor":
+                assert floor is not None
+                timings = [self._await(clients.floor_stream(client, floor.base_url, tokens, 0.0))]
+            else:
+                timings, _ = self._http_streams(client, system, 1, tokens, up)
             bad += self._check(system, timings, tokens)
             ttfts.append(timings[0].ttft_s * 1000)
         self.results.add(

@@ -16,6 +16,7 @@ from bench.report import (
     Target,
     b1_ratio_table,
     b1_table,
+    b2_table,
     b4_table,
     b5_ratio,
     b5_ratios,
@@ -139,11 +140,11 @@ def test_quick_plan_is_smaller_and_counts_its_runs() -> None:
     full, quick = Plan(), Plan().quick
     assert quick.rounds < full.rounds and quick.b1_tokens < full.b1_tokens
     # B1: 3 concurrencies x 5 systems (resq, the engine alone, upstream transformers, transformers
-    # serve at resq's sizes and at its own defaults), B2: 3 systems, per model and round; B3: 3 per
-    # round; B4: 2 systems x 3 concurrencies per round, plus the held-streams run; B5: 2 kinds per
-    # model and round.
-    assert full.runs() == (15 + 3) * 2 * 3 + 3 * 3 + 2 * 3 * 3 + 1 + 2 * 2 * 3
-    assert Plan(with_serve=False).runs() == (9 + 2) * 2 * 3 + 3 * 3 + 2 * 3 * 3 + 1 + 2 * 2 * 3
+    # serve at resq's sizes and at its own defaults), B2: 4 systems (resq, the engine alone, the HTTP
+    # floor, transformers serve), per model and round; B3: 3 per round; B4: 2 systems x 3
+    # concurrencies per round, plus the held-streams run; B5: 2 kinds per model and round.
+    assert full.runs() == (15 + 4) * 2 * 3 + 3 * 3 + 2 * 3 * 3 + 1 + 2 * 2 * 3
+    assert Plan(with_serve=False).runs() == (9 + 3) * 2 * 3 + 3 * 3 + 2 * 3 * 3 + 1 + 2 * 2 * 3
 
 
 def test_b5_pairs_the_kinds_of_each_round_and_takes_the_median_of_the_ratios() -> None:
@@ -363,6 +364,19 @@ def test_b1_and_b2_targets_are_judged_on_every_model_against_every_baseline() ->
         assert f"B2 {model} 1 client: TTFT overhead p50" in found
     ratios = b1_ratio_table(results).rows[0]
     assert ratios[2:] == ["0.90 -> 0.90x", "0.75 -> 0.75x", "0.83 -> 0.83x", "1.50 -> 1.50x", "2.00 -> 2.00x"]
+
+
+def test_b2_reads_the_overhead_above_the_http_floor_beside_the_overhead_the_target_judges() -> None:
+    results = ResultSet()
+    for system, ttft in (("resq", 12.0), ("direct", 3.0), ("floor", 2.0), ("serve", 8.0)):
+        results.add(RunRecord("B2", system, "tiny", 1, 0, {}, {"ttft_ms": [ttft]}))
+    table = b2_table(results)
+    row = table.rows[0]
+    assert table.headers[4] == "overhead" and row[4] == "9.0"  # the target's: resq minus the engine alone
+    assert table.headers[-2:] == ["HTTP floor p50", "p50 overhead above the floor"]
+    assert row[-2:] == ["2.0", "7.0"]
+    found = {target.name: target for target in targets(results)}
+    assert found["B2 tiny 1 client: TTFT overhead p50"].measured == 9.0
 
 
 def test_b7_compares_cpu_outside_the_engine_paired_per_round() -> None:
