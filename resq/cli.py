@@ -84,7 +84,11 @@ def main() -> None:
 @main.command()
 @_common_options
 def up(**flags: Any) -> None:
-    """Run everything: Redis (embedded if none answers), a GPU worker, post-process workers, the API."""
+    """Run everything: Redis (embedded if none answers), a GPU worker, post-process workers, the API.
+
+    A role that dies once everything is up is started again (after 1, 2, 4, 8 s if it keeps
+    dying); one that dies 5 times in a row within a minute of starting stops everything.
+    """
     settings = _settings(flags)
     _check_api_keys(settings)  # before Redis and the workers start, not when the API does
     configure_logging(settings.log_level, "up", settings.log_format)
