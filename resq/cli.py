@@ -86,8 +86,9 @@ def main() -> None:
 def up(**flags: Any) -> None:
     """Run everything: Redis (embedded if none answers), a GPU worker, post-process workers, the API.
 
-    A role that dies once everything is up is started again (after 1, 2, 4, 8 s if it keeps
-    dying); one that dies 5 times in a row within a minute of starting stops everything.
+    A role that dies once everything is up is started again (after 1, 2, 4, 8, 16, at most 30 s
+    while it keeps dying); one that dies 5 times in a row within a minute of starting, or the
+    embedded Redis dying, stops everything.
     """
     settings = _settings(flags)
     _check_api_keys(settings)  # before Redis and the workers start, not when the API does

@@ -141,6 +141,11 @@ class EmbeddedRedis:
                 raise RuntimeError(f"the embedded redis-server did not start at {self.url}")
             time.sleep(0.05)
 
+    @property
+    def returncode(self) -> int | None:
+        """The server's exit status once it has exited; None while it runs (or before it started)."""
+        return None if self._process is None else self._process.poll()
+
     def stop(self) -> None:
         """Stop it and remove its directory."""
         if self._process is not None and self._process.poll() is None:

@@ -6,7 +6,8 @@ that dies while the stack starts fails the start (everything stops, ``resq up``
 exits non-zero); one that dies once the stack is up is started again, with the
 delays of :class:`~resq.restart_backoff.RestartBackoff`, while the others go on
 serving (its work is taken over as after any worker's loss: docs/reliability.md).
-A role that keeps dying at once stops everything, so nothing spins half-running.
+A role that cannot start (it keeps dying at once) or the embedded Redis dying
+stops everything, so nothing is left half-running.
 """
 
 from __future__ import annotations
@@ -64,6 +65,16 @@ def check_port_free(host: str, port: int) -> None:
         ) from None
 
 
+def how_it_ended(returncode: int) -> str:
+    """A dead process's end in words: ``exited with code 1``, ``was killed by SIGKILL``."""
+    if returncode < 0:
+        try:
+            return f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
 @dataclass
 class _Child:
     """One role's process, and what it takes to start that role again."""
@@ -99,7 +110,8 @@ class Supervisor:
             for index in range(self.settings.postprocess_workers):
                 self._spawn("postprocess-worker", suffix=str(index + 1), metrics_offset=index + 1)
             self._spawn("api")
-            self._wait_until_ready()
+            if not self._wait_until_ready():
+                return 0  # stopped by a signal while starting
             return self._watch()
         except KeyboardInterrupt:
             return 0
@@ -112,10 +124,12 @@ class Supervisor:
             self._stop_all()
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        # Only noted: the loops look at the flag. Raising here could land between a child's
+        # start and its bookkeeping (a process nobody stops), or in the middle of the shutdown
+        # when a second signal comes.
         if not self._stopping:
             log.info("received %s; stopping", signal.Signals(signum).name)
         self._stopping = True
-        raise KeyboardInterrupt
 
     def _ensure_redis(self) -> None:
         if redis_answers(self.settings.redis_url):
@@ -141,12 +155,15 @@ class Supervisor:
         log.info("started %s (pid %d)", name, process.pid)
         return process
 
-    def _wait_until_ready(self) -> None:
+    def _wait_until_ready(self) -> bool:
+        """Wait until the API answers ``/health``; False when a signal came first."""
         url = f"http://{self.settings.host}:{self.settings.port}/health"
         log.info("waiting for the model to load and every role to report in (%s)", url)
         deadline = time.monotonic() + READY_TIMEOUT_S
         last_note = 0.0
         while time.monotonic() < deadline:
+            if self._stopping:
+                return False
             self._check_children()
             try:
                 with urllib.request.urlopen(url, timeout=2) as reply:
@@ -157,7 +174,7 @@ class Supervisor:
                             self.settings.port,
                             self.settings.served_model_name,
                         )
-                        return
+                        return True
             except (urllib.error.URLError, OSError):
                 pass
             if time.monotonic() - last_note > 10:
@@ -170,11 +187,24 @@ class Supervisor:
         for child in self.children:
             code = child.process.poll()
             if code is not None:
-                raise RuntimeError(f"{child.name} exited with code {code}")
+                raise RuntimeError(f"{child.name} {how_it_ended(code)}")
+        self._check_embedded_redis()
+
+    def _check_embedded_redis(self) -> None:
+        # Not started again: it keeps nothing, so a new one would serve none of the responses and
+        # the roles would answer 503 until then (docs/reliability.md).
+        if self.embedded_redis is not None and (code := self.embedded_redis.returncode) is not None:
+            raise RuntimeError(f"the embedded Redis {how_it_ended(code)}")
 
     def _watch(self) -> int:
-        """Start again each role that dies, until a signal; 1 when one keeps dying at once."""
-        while True:
+        """Start again each role that dies, until a signal (0); 1 when one cannot start at all or
+        the embedded Redis died."""
+        while not self._stopping:
+            try:
+                self._check_embedded_redis()
+            except RuntimeError as exc:
+                log.error("%s; stopping everything", exc)
+                return 1
             now = time.monotonic()
             for child in self.children:
                 if child.restart_at is None:
@@ -185,6 +215,7 @@ class Supervisor:
                     child.process = self._start_process(child.role, child.name, child.metrics_offset)
                     child.started_at, child.restart_at = now, None
             time.sleep(0.5)
+        return 0
 
     def _schedule_restart(self, child: _Child, code: int, now: float) -> bool:
         """Note when ``child``, found dead with ``code``, starts again; False when it keeps dying."""
@@ -192,20 +223,20 @@ class Supervisor:
         delay_s = child.backoff.after_death(ran_for_s)
         if delay_s is None:
             log.error(
-                "%s exited with code %d after %.0fs (%d times in a row, each within %.0fs of starting); "
-                "stopping everything (its log above says why)",
+                "%s %s after %.0fs, %d times in a row within %.0fs of starting: it cannot start; "
+                "stopping everything",
                 child.name,
-                code,
+                how_it_ended(code),
                 ran_for_s,
                 child.backoff.quick_deaths,
-                child.backoff.stable_after_s,
+                child.backoff.quick_s,
             )
             return False
         # The others go on serving: a lost worker's responses are taken over (docs/reliability.md).
         log.error(
-            "%s exited with code %d after %.0fs; starting it again in %.0fs",
+            "%s %s after %.0fs; starting it again in %.0fs",
             child.name,
-            code,
+            how_it_ended(code),
             ran_for_s,
             delay_s,
         )
@@ -213,7 +244,6 @@ class Supervisor:
         return True
 
     def _stop_all(self) -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
         for child in reversed(self.children):
             if child.process.poll() is None:
                 child.process.send_signal(signal.SIGTERM)

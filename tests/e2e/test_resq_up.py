@@ -49,15 +49,14 @@ def answers(base_url: str) -> bool:
         return False
 
 
-def test_resq_up_starts_a_killed_role_again_and_keeps_serving(
-    base_env: dict[str, str], tmp_path: Path
-) -> None:
+def start_resq_up(base_env: dict[str, str], tmp_path: Path) -> tuple[RoleProcess, str]:
+    """``resq up`` on its embedded Redis (nothing listens at its URL, as on a fresh machine),
+    ready; the process (with its log) and the API's base URL."""
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
     env = {
         **os.environ,
         **base_env,
-        # Nothing listens there: `resq up` starts its embedded Redis, as on a fresh machine.
         "RESQ_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
         "RESQ_PORT": str(port),
         "RESQ_POSTPROCESS_WORKERS": "2",
@@ -71,6 +70,41 @@ def test_resq_up_starts_a_killed_role_again_and_keeps_serving(
     watched = RoleProcess("resq up", up, log_path)
     try:
         wait_until(lambda: api_healthy(base_url), START_TIMEOUT_S, "resq up", [watched])
+    except BaseException:
+        stop(up)
+        raise
+    return watched, base_url
+
+
+def still_running(pids: list[int], wait_s: float = 10.0) -> list[int]:
+    """Those of ``pids`` still running (zombies aside) after up to ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        running = []
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    running.append(pid)
+            except psutil.NoSuchProcess:
+                continue
+        if not running or time.monotonic() > deadline:
+            return running
+        time.sleep(0.2)
+
+
+def stop(up: subprocess.Popen[bytes]) -> None:
+    """Kill ``resq up`` if a test left it running (its children get SIGTERM with it)."""
+    if up.poll() is None:
+        up.kill()
+        up.wait()
+
+
+def test_resq_up_starts_a_killed_role_again_and_keeps_serving(
+    base_env: dict[str, str], tmp_path: Path
+) -> None:
+    watched, base_url = start_resq_up(base_env, tmp_path)
+    up, log_path = watched.process, watched.log_path
+    try:
         first = answer(base_url)
 
         for role in ("postprocess-worker", "api", "gpu-worker"):
@@ -86,6 +120,7 @@ def test_resq_up_starts_a_killed_role_again_and_keeps_serving(
                 f"{role} started again",
                 [watched],
             )
+            assert "was killed by SIGKILL" in log_path.read_text(errors="replace")
             assert "starting it again in" in log_path.read_text(errors="replace")
             # The stack serves again, and what it stored before the death is still there.
             wait_until(lambda: api_healthy(base_url), START_TIMEOUT_S, f"health after {role}", [watched])
@@ -96,14 +131,26 @@ def test_resq_up_starts_a_killed_role_again_and_keeps_serving(
         children = [child.pid for child in psutil.Process(up.pid).children(recursive=True)]
         up.send_signal(signal.SIGTERM)
         assert up.wait(timeout=60) == 0, watched.log_tail()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(psutil.pid_exists(pid) for pid in children):
-            time.sleep(0.2)
-        left = [
-            pid for pid in children if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
-        ]
+        left = still_running(children)
         assert not left, f"resq up left {left} running"
     finally:
-        if up.poll() is None:
-            up.kill()
-            up.wait()
+        stop(up)
+
+
+def test_resq_up_stops_everything_when_its_embedded_redis_dies(
+    base_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A new embedded Redis would hold none of the responses: the roles would answer 503 for ever."""
+    watched, _ = start_resq_up(base_env, tmp_path)
+    up = watched.process
+    try:
+        children = psutil.Process(up.pid).children(recursive=True)
+        redis = [child for child in children if "redis-server" in " ".join(child.cmdline())]
+        assert len(redis) == 1, [child.cmdline() for child in children]
+        redis[0].kill()
+        assert up.wait(timeout=60) == 1, watched.log_tail()
+        assert "the embedded Redis was killed by SIGKILL; stopping everything" in watched.log_tail()
+        left = still_running([child.pid for child in children])
+        assert not left, f"resq up left {left} running"
+    finally:
+        stop(up)
