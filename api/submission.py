@@ -250,14 +250,14 @@ def _caches(request: CreateResponseRequest, items: RequestItems) -> bool:
     and no breakpoint in its prompt (as OpenAI's). Its own input is read as sent too: a breakpoint on
     an assistant message's part is not kept on the stored item."""
     options = request.prompt_cache_options
-    if options is None or options.caches(has_breakpoint=False):
-        return True
+    if options is None or options.mode != "explicit":
+        return True  # breakpoints decide nothing then: the prompt is not scanned for them
     sent = (
         [item.model_dump(exclude_none=True) for item in request.input]
         if isinstance(request.input, list)
         else []
     )
-    return has_cache_breakpoint(items.conversation) or has_cache_breakpoint(sent)
+    return options.caches(has_cache_breakpoint(items.conversation) or has_cache_breakpoint(sent))
 
 
 async def served_tokenizer(state: AppState, model: str) -> TextTokenizer:

@@ -245,8 +245,8 @@ class BenchRun:
         )
         # B4 weighs the API's CPU against the relay floor; B2 probes its first frame, the HTTP round
         # trip any Python SSE server pays before its first token, to read resq's overhead against.
-        probes_floor = compare and "B2" in plan.scenarios
-        floor = Floor(self._group) if api_cpu or probes_floor else None
+        runs_b2 = compare and "B2" in plan.scenarios
+        floor = Floor(self._group) if api_cpu or runs_b2 else None
         started: list[ResqStack | DirectEngine | TransformersServe | Floor] = [
             system
             for system in (up.stack, up.direct, up.upstream, up.serve, up.serve_defaults, floor)
@@ -269,9 +269,8 @@ class BenchRun:
                             self._step(f"B1 {model.key} round {round_index + 1}: {system} x{concurrency}")
                             self._b1(client, system, model, concurrency, round_index, up)
                             self._advance()
-                if probes_floor:
-                    probed = up.b2_systems() + (["floor"] if floor is not None else [])
-                    for system in alternated(probed, round_index):
+                if runs_b2:
+                    for system in alternated([*up.b2_systems(), "floor"], round_index):
                         self._step(f"B2 {model.key} round {round_index + 1}: {system} TTFT probes")
                         self._b2(client, system, model, round_index, up, floor)
                         self._advance()
