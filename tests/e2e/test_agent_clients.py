@@ -35,14 +35,18 @@ from tests.e2e.conftest import MODEL, Stack
 from tests.fixture_model import GET_WEATHER_TOOL, scenario
 from tests.support.conformance import check_events
 from tests.support.invariants import as_dict, check_stream, output_text
+from tests.support.reasoning import (
+    REASONING_PROMPT,
+    REASONING_TEXT,
+    reasoning_items,
+    unstored_with_sealed_reasoning,
+)
 from tests.support.scenarios import scenario_tools
 
 pytestmark = pytest.mark.e2e
 
 TOOLS: list[dict[str, Any]] = scenario_tools(scenario("tool_call")) or []
 WEATHER_PROMPT = "What is the weather in Paris?"
-REASONING_PROMPT = "What is 2+2? Think first."
-REASONING_TEXT = "Two plus two equals four."
 HOSTED_TOOLS: list[dict[str, Any]] = [
     {"type": "web_search", "external_web_access": False},
     {"type": "image_generation"},
@@ -57,21 +61,6 @@ CODEX_FIELDS: dict[str, Any] = {
     "prompt_cache_key": "session-1",
     "extra_body": {"client_metadata": {"originator": "codex_exec", "session": "s1"}},
 }
-
-
-def reasoning_items(response: Any) -> list[Any]:
-    return [item for item in response.output if item.type == "reasoning"]
-
-
-def unstored_with_sealed_reasoning(client: OpenAI) -> Any:
-    """An unstored response whose reasoning item carries its sealed blob, as Codex asks for it."""
-    return client.responses.create(
-        model=MODEL,
-        input=REASONING_PROMPT,
-        temperature=0,
-        store=False,
-        include=["reasoning.encrypted_content"],
-    )
 
 
 # --- item_reference -------------------------------------------------------------------------------
@@ -237,7 +226,7 @@ def test_without_the_include_there_is_no_blob(client: OpenAI) -> None:
 
 @pytest.mark.parametrize("tamper", ["flip", "foreign", "plain"])
 def test_a_tampered_or_foreign_blob_is_a_400_naming_the_item(client: OpenAI, tamper: str) -> None:
-    first = unstored_with_sealed_reasoning(client)
+    first = unstored_with_sealed_reasoning(client, MODEL)
     blob = reasoning_items(first)[0].encrypted_content
     assert blob is not None
     bad = {

@@ -18,9 +18,9 @@ import websockets.sync.client
 
 from resq import keys
 from tests.e2e.conftest import MODEL, Stack, start_stack
-from tests.e2e.test_agent_clients import REASONING_PROMPT, reasoning_items, unstored_with_sealed_reasoning
 from tests.support.invariants import as_dict, check_stream, output_text
 from tests.support.processes import RoleProcess
+from tests.support.reasoning import REASONING_PROMPT, reasoning_items, unstored_with_sealed_reasoning
 from tests.support.responses import wait_ended
 
 pytestmark = pytest.mark.e2e
@@ -327,7 +327,7 @@ def test_sealed_reasoning_sent_to_an_unstored_turn_stays_sealed_in_a_stored_cont
     prompt only: a stored turn continuing it on the socket keeps its history as sent (it stored
     the socket's opened copy, the reasoning's text readable at rest)."""
     client = stack.client()
-    first = unstored_with_sealed_reasoning(client)
+    first = unstored_with_sealed_reasoning(client, MODEL)
     (reasoning,) = reasoning_items(first)
     assert reasoning.encrypted_content and reasoning.content
     echoed = {
