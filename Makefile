@@ -10,7 +10,7 @@ CLIENTS_STAMP := $(CLIENTS)/node_modules/.installed-stamp
 # host PyPI's default Linux wheel (CUDA) is the one wanted.
 TORCH := torch==2.13.0
 
-.PHONY: install clients run test test-clients test-fast lint format clean lock docs compose-config bench bench-quick bench-structured bench-affinity bench-agent bench-interval bench-placement bench-transport bench-redis bench-relay bench-grammar bench-attention bench-versus fuzz soak
+.PHONY: install clients run test test-clients test-fast lint format clean lock docs compose-config bench bench-quick bench-structured bench-affinity bench-agent bench-interval bench-placement bench-transport bench-redis bench-relay bench-grammar bench-attention bench-versus device-wheels fuzz soak
 
 install: $(STAMP)
 
@@ -47,6 +47,9 @@ fuzz: install  ## Schemathesis against /openapi.json, longer than the suite's ru
 
 soak: install  ## 500 concurrent streams for 3 minutes: no event lost or duplicated, bounded RSS
 	$(BIN)/python -m tests.load.soak $(SOAK_ARGS)
+
+device-wheels: install  ## The wheels a GPU check carries to a device machine with no registry (.whl/; docs/benchmarks.md, "The GPU check")
+	scripts/device/wheels.sh
 
 lint: install  ## ruff + mypy
 	$(BIN)/ruff check .

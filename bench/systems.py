@@ -9,6 +9,7 @@ and the other is left to the API, the post-processors, Redis and the clients.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,14 @@ KV_CACHE_TOKENS = 32768
 KV_PAGE_SIZE = 64
 MAX_BATCH = 64
 MAX_BATCH_TOKENS = 512
+
+
+def serve_device() -> str:
+    """Where ``transformers serve`` runs its model: where resq's engines run, which pick theirs
+    from ``RESQ_DEVICE`` (``auto``, the default, prefers CUDA)."""
+    from gpu_worker.model_loading import pick_device  # torch: only for a bench that starts `serve`
+
+    return pick_device(os.environ.get("RESQ_DEVICE", "auto")).type
 
 
 def engine_env() -> dict[str, str]:
@@ -203,7 +212,7 @@ class TransformersServe:
         port = free_port()
         argv = [
             sys.executable, "-m", "transformers.cli.transformers", "serve", str(self.model.path),
-            "--continuous-batching", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
+            "--continuous-batching", "--host", "127.0.0.1", "--port", str(port), "--device", serve_device(),
             "--log-level", "warning",
         ]  # fmt: skip
         if not self.own_defaults:

@@ -27,6 +27,7 @@ from bench.report import (
 )
 from bench.results import ResultSet, RunRecord
 from bench.stats import alternated, median, percentile, ratio
+from bench.systems import serve_device
 
 
 def test_median_of_odd_and_even_counts() -> None:
@@ -698,3 +699,28 @@ def test_agent_loop_reports_the_prewarmed_socket_loop_with_and_without_its_prewa
     line = verdict_lines(results, "bench")[-1]
     assert "prewarm not timed: 1.25" in line and "timed: 1.00" in line and "300.0 ms against 900.0 ms" in line
     assert session_tag("t", 0, WS_PREWARMED) != session_tag("t", 0, WS)
+
+
+@pytest.mark.parametrize("setting", ["cuda", "cpu", "auto", None])
+@pytest.mark.parametrize("has_cuda", [True, False])
+def test_transformers_serve_runs_its_model_where_resq_engines_run(
+    monkeypatch: pytest.MonkeyPatch, setting: str | None, has_cuda: bool
+) -> None:
+    # On a GPU host (scripts/device/check.sh) the peer must not stay on the CPU while resq's
+    # engines run on the GPU, nor go to a GPU resq's engines do not use.
+    import torch
+
+    from gpu_worker.model_loading import ModelLoadError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: has_cuda)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    if setting is None:
+        monkeypatch.delenv("RESQ_DEVICE", raising=False)
+    else:
+        monkeypatch.setenv("RESQ_DEVICE", setting)
+    if setting == "cuda" and not has_cuda:
+        with pytest.raises(ModelLoadError, match="no CUDA device"):
+            serve_device()
+        return
+    on_gpu = setting == "cuda" or (setting in (None, "auto") and has_cuda)
+    assert serve_device() == ("cuda" if on_gpu else "cpu")
