@@ -43,6 +43,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from transformers.generation.continuous_batching.requests import GenerationOutput, RequestStatus
 
 from gpu_worker import metrics, pipelines
@@ -222,16 +224,29 @@ class TokenPublisher:
         self._thread.join(timeout=5)
 
     def hand_back_remaining(self, dispatch: Callable[[str], None]) -> None:
-        """Give every request still tracked back for another GPU worker to resume (shutting down)."""
+        """Give every request still tracked back for another GPU worker to resume (shutting down).
+
+        Whatever this misses the reaper re-dispatches once this worker's heartbeat has lapsed. So
+        when Redis does not answer, the rest are left to it at once: each hand-back would spend
+        the client's retries (seconds) on a Redis that is down, and a worker asked to stop would
+        outlast its supervisor's patience by that times the requests it held.
+        """
         with self._lock:
             tracked = dict(self._tracked)
             self._tracked.clear()
         now_ms = int(time.time() * 1000)
-        for response_id, state in tracked.items():
+        for index, (response_id, state) in enumerate(tracked.items()):
             try:
                 if self._generations.hand_back(response_id, state.fence, now_ms):
                     dispatch(response_id)
                     log.info("handed %s back after %d tokens", response_id, state.total)
+            except (RedisConnectionError, RedisTimeoutError) as unreachable:
+                log.warning(
+                    "Redis does not answer (%s): %d requests left for the reaper to resume",
+                    unreachable,
+                    len(tracked) - index,
+                )
+                return
             except Exception:  # the reaper re-dispatches whatever this misses
                 log.warning("could not hand %s back", response_id, exc_info=True)
 

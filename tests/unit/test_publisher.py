@@ -540,3 +540,33 @@ def test_the_prompt_tokens_the_engine_reused_are_counted_as_requests_end(r: redi
     publisher.step(0)
     assert stream(r, job.response_id)[-1] == FinishEntry("stop", 3, 2, cached_tokens=2)
     assert REGISTRY.get_sample_value("resq_cached_prompt_tokens_total") == before + 2
+
+
+def test_a_worker_stopping_while_redis_is_down_leaves_the_rest_to_the_reaper_at_once(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each hand-back to an unreachable Redis spends the client's retries (seconds): a worker that
+    held many requests outlasted its supervisor's patience. The first refusal ends the hand-backs."""
+    engine = FakeEngine()
+    gens, publisher = new_publisher(r, engine)
+    jobs = [staged_job(r) for _ in range(4)]
+    for job in jobs:
+        fence, plan = claim_and_plan(gens, job)
+        publisher.start_request(job.response_id, fence, plan)
+    handed_back = gens.hand_back
+    tried: list[str] = []
+
+    def hand_back_until_redis_goes(response_id: str, fence: Fence, now_ms: int) -> bool:
+        tried.append(response_id)
+        if len(tried) > 1:
+            raise redis.exceptions.ConnectionError(
+                "Error 111 connecting to 127.0.0.1:6379. Connection refused."
+            )
+        return handed_back(response_id, fence, now_ms)
+
+    monkeypatch.setattr(gens, "hand_back", hand_back_until_redis_goes)
+    dispatched: list[str] = []
+    publisher.hand_back_remaining(dispatched.append)
+    assert len(tried) == 2, "kept trying a Redis that had refused"
+    assert dispatched == tried[:1]
+    assert publisher.active_count == 0
