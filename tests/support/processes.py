@@ -59,6 +59,8 @@ def free_port() -> int:
 
 
 WORKER_ROLES = ("gpu-worker", "postprocess-worker")
+STOP_TIMEOUT_S = 15.0
+"""How long a stopped role may take to shut down before it is killed."""
 
 
 def readable_log_line(line: str) -> str:
@@ -96,15 +98,23 @@ class RoleProcess:
         """Whether it still runs."""
         return self.process.poll() is None
 
-    def stop(self, timeout_s: float = 15.0) -> None:
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """SIGTERM, then SIGKILL if it lingers."""
+        self.terminate()
+        self.wait_or_kill(timeout_s)
+
+    def terminate(self) -> None:
+        """SIGTERM, without waiting (the role's graceful shutdown begins)."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+
+    def wait_or_kill(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for it to end, then SIGKILL it."""
+        try:
+            self.process.wait(timeout=max(0.0, timeout_s))
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
     def kill(self) -> None:
         """SIGKILL at once (fault injection)."""
@@ -137,10 +147,16 @@ class ProcessGroup:
         self.processes.append(started)
         return started
 
-    def stop_all(self) -> None:
-        """Stop every process started, newest first."""
-        for role in reversed(self.processes):
-            role.stop()
+    def stop_all(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Stop every process started: all are signalled first (newest first) and shut down side by
+        side, so that a group's teardown takes its slowest role's shutdown, not their sum; any
+        still running ``timeout_s`` later is killed."""
+        roles = list(reversed(self.processes))
+        for role in roles:
+            role.terminate()
+        deadline = time.monotonic() + timeout_s
+        for role in roles:
+            role.wait_or_kill(deadline - time.monotonic())
         self.processes.clear()
 
 
