@@ -11,9 +11,9 @@ OUT=${OUT:-/tmp/resq-gpu-check}
 PYTHON=${PYTHON:-python3}
 SITE=${SITE:-/tmp/resq-site}
 DEVICE=${RESQ_DEVICE:-cuda}
-E2E_S=${E2E_S:-180}
+E2E_S=${E2E_S:-170}
 GRAPHS_S=${GRAPHS_S:-60}
-BENCH_S=${BENCH_S:-240}
+BENCH_S=${BENCH_S:-300}
 REDIS_PORT=${REDIS_PORT:-6379}
 mkdir -p "$OUT"
 summary=()
