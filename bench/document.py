@@ -48,9 +48,11 @@ def conditions(context: dict[str, Any]) -> str:
     )
 
 
-def results_section(results: ResultSet, plot_name: str) -> str:
-    """The generated block: conditions, tables and the plot."""
-    parts = [conditions(results.context), f"![benchmark figures]({plot_name})"]
+def results_section(results: ResultSet, plot_name: str | None = None) -> str:
+    """The generated block: conditions, the plot (``plot_name``: its file, None: no plot) and tables."""
+    parts = [conditions(results.context)]
+    if plot_name is not None:
+        parts.append(f"![benchmark figures]({plot_name})")
     parts += [to_markdown(table) for table in all_tables(results)]
     return "\n\n".join(parts)
 
@@ -73,3 +75,9 @@ def write_document(results: ResultSet, out_dir: Path) -> list[Path]:
     current = document_path.read_text() if document_path.exists() else SKELETON
     document_path.write_text(replace_results(current, results_section(results, plot.name)))
     return [document_path, plot, out_dir / "benchmarks.json"]
+
+
+if __name__ == "__main__":  # `python -m bench.document results.json`: a run's block as Markdown
+    import sys
+
+    print(results_section(ResultSet.load(Path(sys.argv[1]))))

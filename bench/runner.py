@@ -72,7 +72,8 @@ def _git_commit(root: Path) -> str:
             ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        # A copy of the tree without its history (the GPU check's device machine) says it here.
+        return os.environ.get("RESQ_BENCH_COMMIT", "unknown")
 
 
 def _cpu_model() -> str:

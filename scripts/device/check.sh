@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # On a device machine with a GPU, from the repository root: resq's GPU path and its GPU figures
 # in one call of the run tool (docs/benchmarks.md, "The GPU check"). Needs the wheels of
-# scripts/device/wheels.sh in .whl/ (carried). Every step has its own time limit, so the whole
-# stays inside one call; each step's log goes to $OUT (seven files: a call returns at most
-# eight), and a summary is printed at the end.
+# scripts/device/wheels.sh in .whl/ (carried), and RESQ_BENCH_COMMIT set to the checkout's
+# short commit for the bench's header (the copy has no git history). Every step has its own
+# time limit, so the whole stays inside one call; each step's log goes to $OUT (seven files: a
+# call returns at most eight), and a summary is printed at the end.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -74,16 +75,10 @@ rc=$?
 leftovers
 note "bench (rc $rc, $(($(date +%s) - started)) s): $OUT/bench.log"
 if [ -f "$OUT/bench-run/results.json" ]; then
-  # The tables as docs/benchmarks.md prints them; the raw results come back too (the per-round
-  # logs stay behind: more files than a call returns).
+  # The block as docs/benchmarks.md prints it (conditions and tables); the raw results come back
+  # too (the per-round logs stay behind: more files than a call returns).
   mv "$OUT/bench-run/results.json" "$OUT/bench-results.json"
-  "$PYTHON" - "$OUT/bench-results.json" >"$OUT/bench-tables.md" <<'PY'
-import sys
-from pathlib import Path
-from bench.report import all_tables, to_markdown
-from bench.results import ResultSet
-print("\n\n".join(to_markdown(table) for table in all_tables(ResultSet.load(Path(sys.argv[1])))))
-PY
+  "$PYTHON" -m bench.document "$OUT/bench-results.json" >"$OUT/bench-tables.md"
 fi
 rm -rf "$OUT/bench-run"
 

@@ -724,3 +724,15 @@ def test_transformers_serve_runs_its_model_where_resq_engines_run(
         return
     on_gpu = setting == "cuda" or (setting in (None, "auto") and has_cuda)
     assert serve_device() == ("cuda" if on_gpu else "cpu")
+
+
+def test_a_tree_without_history_takes_its_commit_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The GPU check's device machine gets the working tree without .git.
+    from bench.runner import _git_commit
+
+    monkeypatch.delenv("RESQ_BENCH_COMMIT", raising=False)
+    assert _git_commit(tmp_path) == "unknown"
+    monkeypatch.setenv("RESQ_BENCH_COMMIT", "abc1234")
+    assert _git_commit(tmp_path) == "abc1234"
