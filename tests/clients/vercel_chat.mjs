@@ -1,6 +1,10 @@
 // The Vercel AI SDK (`ai` + `@ai-sdk/openai`) as an app uses it, against a Responses API server.
 //
-// Usage: node vercel_chat.mjs --base-url http://127.0.0.1:8000/v1 --model fixture [--api-key KEY]
+// Usage: node vercel_chat.mjs --base-url http://127.0.0.1:8000/v1 --model fixture [--api-key KEY] [--sdk 7|6]
+//
+// `--sdk` picks the SDK's major: 7 (`ai` 7 + `@ai-sdk/openai` 4, the default) or 6 (`ai` 6 +
+// `@ai-sdk/openai` 3, installed under the aliases `ai-v6` and `@ai-sdk/openai-v3`): apps on both
+// are in use, and each major's provider builds its requests its own way.
 //
 // Provider settings are the SDK's defaults: `createOpenAI({baseURL, apiKey}).responses(model)`,
 // so `store` is true and a later turn sends the earlier assistant output back as
@@ -15,8 +19,6 @@
 // request the SDK sent (`request.body`). Any error: its message (and an API error's status and
 // body) on stderr, exit status 1.
 
-import { createOpenAI } from "@ai-sdk/openai";
-import { generateText, jsonSchema, stepCountIs, streamText, tool } from "ai";
 import { parseArgs } from "node:util";
 
 const { values: args } = parseArgs({
@@ -25,16 +27,27 @@ const { values: args } = parseArgs({
     model: { type: "string" },
     "api-key": { type: "string", default: process.env.RESQ_TEST_API_KEY ?? "sk-unused" },
     only: { type: "string" },
+    sdk: { type: "string", default: "7" },
   },
 });
 if (!args["base-url"] || !args.model) {
-  console.error("usage: node vercel_chat.mjs --base-url URL --model NAME [--api-key KEY] [--only generate,stream,tools]");
+  console.error("usage: node vercel_chat.mjs --base-url URL --model NAME [--api-key KEY] [--only generate,stream,tools] [--sdk 7|6]");
   process.exit(2);
 }
+const PACKAGES = { 7: ["ai", "@ai-sdk/openai"], 6: ["ai-v6", "@ai-sdk/openai-v3"] };
+if (!PACKAGES[args.sdk]) {
+  console.error(`--sdk ${args.sdk}: known majors are ${Object.keys(PACKAGES).join(", ")}`);
+  process.exit(2);
+}
+const [aiPackage, providerPackage] = PACKAGES[args.sdk];
+const { generateText, jsonSchema, stepCountIs, streamText, tool } = await import(aiPackage);
+const { createOpenAI } = await import(providerPackage);
 
 const openai = createOpenAI({ baseURL: args["base-url"], apiKey: args["api-key"] });
 const model = openai.responses(args.model);
-const settings = { temperature: 0, maxRetries: 0 };
+// `include.requestBody`: ai 7 keeps the request body only when asked (ai 6 kept it by default and
+// ignores the option); the tests read the input items the SDK sent from it.
+const settings = { temperature: 0, maxRetries: 0, include: { requestBody: true } };
 
 // The input items of the request body the SDK sent, parsed (the SDK keeps the body as sent).
 function sentInput(request) {

@@ -5,10 +5,11 @@ scripts next to it (``vercel_chat.mjs``, ``codex_exec.mjs``), which print what t
 ``make test`` and ``make test-clients`` install them (``npm ci --prefix tests/clients``); without
 node or without ``tests/clients/node_modules`` these tests fail, saying so (they never skip).
 
-- The Vercel AI SDK runs with its default provider settings (``store`` true) against the
-  suite's stack and fixture model: its second turn sends the first answer back as an
-  ``item_reference``, which the server must resolve for the fixture model to see the
-  conversation it was trained on.
+- The Vercel AI SDK, its current major (``ai`` 7 with ``@ai-sdk/openai`` 4) and the one before
+  (``ai`` 6 with ``@ai-sdk/openai`` 3, installed under aliases), runs with its default provider
+  settings (``store`` true) against the suite's stack and fixture model: its second turn sends the
+  first answer back as an ``item_reference``, which the server must resolve for the fixture model
+  to see the conversation it was trained on.
 - Codex runs ``codex exec`` for one task against a stack of its own (a private Redis, and a GPU
   worker on the long-context fixture model, :mod:`tests.fixture_model.long_context`, since its
   prompt alone is ~40k characters): the model calls ``exec_command``, Codex really runs the
@@ -56,9 +57,9 @@ def node() -> str:
     found = shutil.which("node") or shutil.which("node", path=str(Path(sys.executable).parent))
     if found is None:
         pytest.fail(
-            f"node is not on PATH: these tests drive the real JavaScript clients; install Node.js 18+ and {INSTALL_HINT}"
+            f"node is not on PATH: these tests drive the real JavaScript clients; install Node.js 20+ and {INSTALL_HINT}"
         )
-    for package in ("ai", "@ai-sdk/openai", "@openai/codex"):
+    for package in ("ai", "@ai-sdk/openai", "ai-v6", "@ai-sdk/openai-v3", "@openai/codex"):
         if not (CLIENTS_DIR / "node_modules" / package / "package.json").is_file():
             pytest.fail(f"tests/clients/node_modules has no {package}: {INSTALL_HINT}")
     return found
@@ -96,17 +97,31 @@ def item_types(items: list[dict[str, Any]]) -> list[str]:
 # --- Vercel AI SDK ---------------------------------------------------------------------------------
 
 
-def vercel(node: str, stack: Stack, run: str) -> dict[str, Any]:
+VERCEL_MAJORS = ["7", "6"]
+"""The Vercel AI SDK's majors under test (``vercel_chat.mjs --sdk``): the current one and the one before."""
+
+
+def vercel(node: str, stack: Stack, run: str, sdk: str) -> dict[str, Any]:
     result = run_client(
-        node, "vercel_chat.mjs", "--base-url", f"{stack.base_url}/v1", "--model", "fixture", "--only", run
+        node,
+        "vercel_chat.mjs",
+        "--base-url",
+        f"{stack.base_url}/v1",
+        "--model",
+        "fixture",
+        "--only",
+        run,
+        "--sdk",
+        sdk,
     )
     outcome: dict[str, Any] = result[run]
     return outcome
 
 
+@pytest.mark.parametrize("sdk", VERCEL_MAJORS)
 @pytest.mark.parametrize("run", ["generate", "stream"])
-def test_vercel_second_turn_resolves_the_item_reference(node: str, stack: Stack, run: str) -> None:
-    chat = vercel(node, stack, run)
+def test_vercel_second_turn_resolves_the_item_reference(node: str, stack: Stack, run: str, sdk: str) -> None:
+    chat = vercel(node, stack, run, sdk)
     first, second = chat["turn1"], chat["turn2"]
     assert first["text"] == scenario("introduce").completion
     assert first["finishReason"] == "stop"
@@ -119,8 +134,9 @@ def test_vercel_second_turn_resolves_the_item_reference(node: str, stack: Stack,
     assert second["finishReason"] == "stop"
 
 
-def test_vercel_tool_call_round_trip(node: str, stack: Stack) -> None:
-    chat = vercel(node, stack, "tools")
+@pytest.mark.parametrize("sdk", VERCEL_MAJORS)
+def test_vercel_tool_call_round_trip(node: str, stack: Stack, sdk: str) -> None:
+    chat = vercel(node, stack, "tools", sdk)
     first, second = chat["steps"]
     assert first["toolCalls"] == [{"toolName": "get_weather", "input": {"city": "Paris"}}]
     assert first["finishReason"] == "tool-calls"
