@@ -13,7 +13,9 @@
 //
 // - generate: two generateText turns, the second with the first's `response.messages`;
 // - stream: the same two turns with streamText;
-// - tools: one generateText with a get_weather tool the SDK executes, two steps.
+// - tools: one generateText with a get_weather tool the SDK executes, two steps;
+// - structured: `output: Output.object({schema})` (sent as `text.format` json_schema), through
+//   generateText and through streamText.
 //
 // Prints one JSON object on stdout: each turn's text, finish reason, and the input items of the
 // request the SDK sent (`request.body`). Any error: its message (and an API error's status and
@@ -31,7 +33,7 @@ const { values: args } = parseArgs({
   },
 });
 if (!args["base-url"] || !args.model) {
-  console.error("usage: node vercel_chat.mjs --base-url URL --model NAME [--api-key KEY] [--only generate,stream,tools] [--sdk 7|6]");
+  console.error("usage: node vercel_chat.mjs --base-url URL --model NAME [--api-key KEY] [--only generate,stream,tools,structured] [--sdk 7|6]");
   process.exit(2);
 }
 const PACKAGES = { 7: ["ai", "@ai-sdk/openai"], 6: ["ai-v6", "@ai-sdk/openai-v3"] };
@@ -40,7 +42,7 @@ if (!PACKAGES[args.sdk]) {
   process.exit(2);
 }
 const [aiPackage, providerPackage] = PACKAGES[args.sdk];
-const { generateText, jsonSchema, stepCountIs, streamText, tool } = await import(aiPackage);
+const { generateText, jsonSchema, Output, stepCountIs, streamText, tool } = await import(aiPackage);
 const { createOpenAI } = await import(providerPackage);
 
 const openai = createOpenAI({ baseURL: args["base-url"], apiKey: args["api-key"] });
@@ -49,10 +51,14 @@ const model = openai.responses(args.model);
 // ignores the option); the tests read the input items the SDK sent from it.
 const settings = { temperature: 0, maxRetries: 0, include: { requestBody: true } };
 
-// The input items of the request body the SDK sent, parsed (the SDK keeps the body as sent).
+// The request body the SDK sent, parsed (the SDK keeps the body as sent).
+function sentBody(request) {
+  return typeof request?.body === "string" ? JSON.parse(request.body) : request?.body;
+}
+
+// Its input items.
 function sentInput(request) {
-  const body = typeof request?.body === "string" ? JSON.parse(request.body) : request?.body;
-  return body?.input ?? null;
+  return sentBody(request)?.input ?? null;
 }
 
 function summary(result, request) {
@@ -122,7 +128,29 @@ async function toolChat() {
   };
 }
 
-const runs = { generate: generateChat, stream: streamChat, tools: toolChat };
+const WEATHER_REPORT = jsonSchema({
+  type: "object",
+  properties: { city: { type: "string", enum: ["Paris", "London", "Tokyo"] }, sunny: { type: "boolean" } },
+  required: ["city", "sunny"],
+  additionalProperties: false,
+});
+
+async function structuredAnswer() {
+  const ask = { model, prompt: "What is the weather in Paris?", output: Output.object({ schema: WEATHER_REPORT }), maxOutputTokens: 64, ...settings };
+  const generated = await generateText(ask);
+  let failure = null;
+  const streamed = streamText({ ...ask, onError: ({ error }) => { failure = error; } });
+  let partials = 0;
+  for await (const partial of streamed.partialOutputStream) if (partial !== undefined) partials += 1;
+  if (failure) throw failure;
+  const [output, finishReason, request] = await Promise.all([streamed.output, streamed.finishReason, streamed.request]);
+  return {
+    generate: { output: generated.output, finishReason: generated.finishReason, format: sentBody(generated.request)?.text?.format ?? null },
+    stream: { output, finishReason, partials, format: sentBody(request)?.text?.format ?? null },
+  };
+}
+
+const runs = { generate: generateChat, stream: streamChat, tools: toolChat, structured: structuredAnswer };
 const chosen = args.only ? args.only.split(",") : Object.keys(runs);
 const results = {};
 try {

@@ -148,6 +148,29 @@ def test_vercel_tool_call_round_trip(node: str, stack: Stack, sdk: str) -> None:
     assert chat["finishReason"] == "stop"
 
 
+WEATHER_CITIES = ["Paris", "London", "Tokyo"]
+"""The enum of ``vercel_chat.mjs``'s ``WEATHER_REPORT`` schema."""
+
+
+@pytest.mark.parametrize("sdk", VERCEL_MAJORS)
+def test_vercel_structured_output_follows_the_schema(node: str, stack: Stack, sdk: str) -> None:
+    """``output: Output.object({schema})``, as ``generateText`` and ``streamText`` send it."""
+    answer = vercel(node, stack, "structured", sdk)
+    for way in ("generate", "stream"):
+        got = answer[way]
+        sent_format = got["format"]
+        assert sent_format["type"] == "json_schema"
+        assert sent_format["schema"]["properties"]["city"]["enum"] == WEATHER_CITIES
+        # The SDK parsed and validated the answer against the schema: an object of exactly its keys.
+        assert set(got["output"]) == {"city", "sunny"}
+        assert got["output"]["city"] in WEATHER_CITIES
+        assert isinstance(got["output"]["sunny"], bool)
+        assert got["finishReason"] == "stop"
+    assert answer["stream"]["partials"] >= 1
+    # Greedy decoding under the same grammar: one answer, streamed or not.
+    assert answer["stream"]["output"] == answer["generate"]["output"]
+
+
 # --- Codex CLI -------------------------------------------------------------------------------------
 
 
