@@ -15,7 +15,11 @@
 // - stream: the same two turns with streamText;
 // - tools: one generateText with a get_weather tool the SDK executes, two steps;
 // - structured: `output: Output.object({schema})` (sent as `text.format` json_schema), through
-//   generateText and through streamText.
+//   generateText and through streamText;
+// - reasoning / reasoning-unstored: two generateText turns on the fixture model's reasoning
+//   prompt, its reasoning shown from summaries (`reasoningSummary`, `forceReasoning` for a model
+//   id the SDK does not know), with `store` true (the second turn sends references) and false
+//   (the first asks for `reasoning.encrypted_content`, the second resends the sealed item).
 //
 // Prints one JSON object on stdout: each turn's text, finish reason, and the input items of the
 // request the SDK sent (`request.body`). Any error: its message (and an API error's status and
@@ -33,7 +37,7 @@ const { values: args } = parseArgs({
   },
 });
 if (!args["base-url"] || !args.model) {
-  console.error("usage: node vercel_chat.mjs --base-url URL --model NAME [--api-key KEY] [--only generate,stream,tools,structured] [--sdk 7|6]");
+  console.error("usage: node vercel_chat.mjs --base-url URL --model NAME [--api-key KEY] [--only generate,stream,tools,structured,reasoning,reasoning-unstored] [--sdk 7|6]");
   process.exit(2);
 }
 const PACKAGES = { 7: ["ai", "@ai-sdk/openai"], 6: ["ai-v6", "@ai-sdk/openai-v3"] };
@@ -42,6 +46,9 @@ if (!PACKAGES[args.sdk]) {
   process.exit(2);
 }
 const [aiPackage, providerPackage] = PACKAGES[args.sdk];
+// The SDK's warnings (e.g. a setting it drops for a reasoning model) go to stderr: ai 6 prints
+// them on stdout, which carries this script's JSON.
+globalThis.AI_SDK_LOG_WARNINGS = ({ warnings }) => console.error(`AI SDK warnings: ${JSON.stringify(warnings)}`);
 const { generateText, jsonSchema, Output, stepCountIs, streamText, tool } = await import(aiPackage);
 const { createOpenAI } = await import(providerPackage);
 
@@ -150,7 +157,48 @@ async function structuredAnswer() {
   };
 }
 
-const runs = { generate: generateChat, stream: streamChat, tools: toolChat, structured: structuredAnswer };
+// For a reasoning model the SDK drops `temperature` (with a warning), so its answers would be
+// sampled at the server's default of 1: this provider's requests get `temperature: 0` added on
+// the way out (a custom `fetch`, as apps use for headers or logging), for exact answers.
+const greedyOpenAI = createOpenAI({
+  baseURL: args["base-url"],
+  apiKey: args["api-key"],
+  fetch: (url, init) => {
+    const body = JSON.parse(init.body);
+    return fetch(url, { ...init, body: JSON.stringify({ ...body, temperature: body.temperature ?? 0 }) });
+  },
+});
+
+async function reasoningChat(store) {
+  const model = greedyOpenAI.responses(args.model);
+  const providerOptions = { openai: { reasoningSummary: "auto", forceReasoning: true, store } };
+  const messages = [{ role: "user", content: "What is 2+2? Think first." }];
+  const first = await generateText({ model, messages, providerOptions, ...settings });
+  messages.push(...first.response.messages, { role: "user", content: "And 3+3?" });
+  // The fixture model was not trained on a second turn: any answer, kept short.
+  const second = await generateText({ model, messages, providerOptions, maxOutputTokens: 32, ...settings });
+  const firstBody = sentBody(first.request);
+  return {
+    turn1: {
+      text: first.text,
+      responseId: first.response?.id ?? null,
+      reasoningText: first.reasoningText ?? null,
+      finishReason: first.finishReason,
+      store: firstBody?.store ?? null,
+      include: firstBody?.include ?? null,
+    },
+    turn2: { finishReason: second.finishReason, input: sentInput(second.request) },
+  };
+}
+
+const runs = {
+  generate: generateChat,
+  stream: streamChat,
+  tools: toolChat,
+  structured: structuredAnswer,
+  reasoning: () => reasoningChat(true),
+  "reasoning-unstored": () => reasoningChat(false),
+};
 const chosen = args.only ? args.only.split(",") : Object.keys(runs);
 const results = {};
 try {

@@ -171,6 +171,34 @@ def test_vercel_structured_output_follows_the_schema(node: str, stack: Stack, sd
     assert answer["stream"]["output"] == answer["generate"]["output"]
 
 
+@pytest.mark.parametrize("sdk", VERCEL_MAJORS)
+@pytest.mark.parametrize("run", ["reasoning", "reasoning-unstored"])
+def test_vercel_reasoning_shows_and_goes_back(node: str, stack: Stack, run: str, sdk: str) -> None:
+    """Reasoning shown from its summary, and sent back on the next turn: by reference when
+    stored, as the sealed item when not (the SDK then asks for ``reasoning.encrypted_content``)."""
+    chat = vercel(node, stack, run, sdk)
+    first, second = chat["turn1"], chat["turn2"]
+    thinking, _, answer = scenario("reasoning").completion.partition("</think>")
+    assert first["reasoningText"] == thinking.removeprefix("<think>").strip()
+    assert first["text"] == answer.strip()
+    assert first["finishReason"] == "stop"
+    sent = second["input"]
+    assert item_types(sent)[0] == "message" and item_types(sent)[-1] == "message"
+    if run == "reasoning":
+        assert first["store"] is None or first["store"] is True
+        # The script's fetch made it greedy (the SDK itself drops temperature for a reasoning model).
+        assert stack.client().responses.retrieve(first["responseId"]).temperature == 0
+        references = [item["id"][:3] for item in sent if item.get("type") == "item_reference"]
+        assert references == ["rs_", "msg"]
+    else:
+        assert first["store"] is False
+        assert "reasoning.encrypted_content" in first["include"]
+        (reasoning,) = [item for item in sent if item.get("type") == "reasoning"]
+        assert reasoning["encrypted_content"]
+    # The server took the turn back (a 400 would have failed the script) and answered it.
+    assert second["finishReason"] in ("stop", "length")
+
+
 # --- Codex CLI -------------------------------------------------------------------------------------
 
 
