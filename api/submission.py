@@ -26,6 +26,7 @@ from api.prompting import (
     summary_sees_nothing,
 )
 from api.relay import wait_for_terminal
+from api.sampling import OPENAI_SAMPLING, Sampling, request_sampling
 from api.schemas import CreateResponseRequest, CustomTool, FunctionTool, JsonSchemaFormat, NamespaceTool, Tool
 from api.state import AppState, in_an_accept_slot
 from api.store import EarlierConversation, previous_response_not_found
@@ -46,8 +47,6 @@ from resq.wire import GenerationJob
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TEMPERATURE = 1.0
-DEFAULT_TOP_P = 1.0
 RETRY_AFTER_S = 1
 """``Retry-After`` of a 429 at capacity: slots free as generations end, typically within seconds."""
 
@@ -69,9 +68,17 @@ class Accepted:
 
 
 def initial_response(
-    request: CreateResponseRequest, response_id: str, model: str, background: bool, store: bool
+    request: CreateResponseRequest,
+    response_id: str,
+    model: str,
+    background: bool,
+    store: bool,
+    sampling: Sampling = OPENAI_SAMPLING,
 ) -> dict[str, Any]:
-    """The Response as ``response.created`` shows it: every SDK field, output empty."""
+    """The Response as ``response.created`` shows it: every SDK field, output empty.
+
+    ``sampling``: the ``temperature`` and ``top_p`` used (:func:`api.sampling.request_sampling`).
+    """
     response: dict[str, Any] = {
         "id": response_id,
         "object": "response",
@@ -100,12 +107,12 @@ def initial_response(
         # resq serves one tier, whichever the request asked for.
         "service_tier": "default",
         "store": store,
-        "temperature": DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
+        "temperature": sampling.temperature,
         "text": _text_echo(request),
         "tool_choice": _tool_choice_echo(request),
         "tools": [tool_echo(tool) for tool in request.tools or []],
         "top_logprobs": request.top_logprobs or 0,
-        "top_p": DEFAULT_TOP_P if request.top_p is None else request.top_p,
+        "top_p": sampling.top_p,
         "truncation": request.truncation or "disabled",
         "usage": None,
         "user": request.user,
@@ -349,13 +356,14 @@ async def accept(
     limit = generation_limit(request, len(prompt_ids), tokenizer.card.context_length, prompt.default_output)
 
     model = tokenizer.card.name
+    sampling = request_sampling(request.temperature, request.top_p, tokenizer.card)
     emitter = EventEmitter(0, stamps=chat is None)
     if chat is not None:
         created = completion_template(response_id, model)
         record_status: ResponseStatus = "in_progress"
         logged = [emitter.emit({"type": types.CHAT_CREATED, **created})]
     else:
-        created = initial_response(request, response_id, model, background, store)
+        created = initial_response(request, response_id, model, background, store, sampling)
         record_status = created["status"]
         logged = [emitter.emit(build.response_event(types.CREATED, created))]
         # A background response is queued until a GPU worker starts it (its post-processor logs
@@ -406,8 +414,8 @@ async def accept(
         prompt_token_ids=prompt_ids,
         # A prefill-only job's steps are the engine's to choose (Engine.add), not the request's.
         max_output_tokens=1 if prefill_only else limit,
-        temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
-        top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
         stop_token_ids=stop_token_ids(tokenizer, plan),
         logprobs=plan.logprobs and not prefill_only,
         grammar=None if prefill_only else grammar,

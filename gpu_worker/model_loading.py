@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from gpu_worker.builtin_model import ensure_builtin_model
+from gpu_worker.sampling_defaults import recommended_sampling
 from resq.catalog import ModelCard, tokenizer_sha256
 from resq.settings import BUILTIN_MODEL, Settings
 
@@ -114,6 +115,7 @@ def load_model(settings: Settings) -> LoadedModel:
         name: str(value) for name, value in tokenizer.special_tokens_map.items() if isinstance(value, str)
     }
     tokenizer_json = tokenizer.backend_tokenizer.to_str()
+    sampling = recommended_sampling(getattr(model, "generation_config", None), settings.sampling_defaults)
     card = ModelCard(
         name=settings.served_model_name,
         context_length=context_length,
@@ -125,14 +127,23 @@ def load_model(settings: Settings) -> LoadedModel:
         source=str(path),
         logprobs=settings.logprobs,
         structured_outputs=settings.structured_outputs,
+        default_temperature=sampling.temperature,
+        default_top_p=sampling.top_p,
     )
     log.info(
-        "model %r ready in %.1fs: %d parameters, context %d tokens",
+        "model %r ready in %.1fs: %d parameters, context %d tokens, requests that set none sampled at "
+        "temperature %s, top_p %s",
         card.name,
         time.monotonic() - started,
         sum(p.numel() for p in model.parameters()),
         context_length,
+        _or_openai(sampling.temperature),
+        _or_openai(sampling.top_p),
     )
     return LoadedModel(
         model=model, tokenizer=tokenizer, card=card, tokenizer_json=tokenizer_json, device=device
     )
+
+
+def _or_openai(value: float | None) -> str:
+    return "1.0 (OpenAI's default)" if value is None else f"{value} (the model's generation_config)"

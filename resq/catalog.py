@@ -60,6 +60,11 @@ class ModelCard(BaseModel):
     """Whether the GPU worker constrains decoding to grammars (``RESQ_STRUCTURED_OUTPUTS``)."""
     penalties: bool = False
     """Whether the GPU worker applies ``presence_penalty`` / ``frequency_penalty`` (not in a CUDA graph)."""
+    default_temperature: float | None = None
+    """The model's recommended ``temperature`` (``RESQ_SAMPLING_DEFAULTS``), for requests that set
+    none; None: OpenAI's 1.0."""
+    default_top_p: float | None = None
+    """The model's recommended ``top_p``, likewise."""
 
     def renders_like(self, other: ModelCard) -> bool:
         """Whether ``other`` is the same model as far as a prompt goes (weights' source, tokenizer,

@@ -133,6 +133,14 @@ class Settings(BaseSettings):
         ),
     )
     seed: int | None = Field(None, description="Sampling seed of the engine; unset: random.")
+    sampling_defaults: Literal["model", "openai"] = Field(
+        "model",
+        description=(
+            "The `temperature` and `top_p` of a request that sets none: `model`, the values the model's "
+            "`generation_config.json` recommends where it sets them (as vLLM does), else 1.0; `openai`: "
+            "always 1.0, OpenAI's defaults. The Response echoes the values used."
+        ),
+    )
     logprobs: bool = Field(
         True,
         description=(
