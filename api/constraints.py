@@ -7,12 +7,21 @@ grammar is compiled once; only when that fails are the request's schemas compile
 one by one, to name the culprit. A grammar the model's vocabulary accepted recently
 (an agent's tools, every turn) is not compiled again (:class:`resq.grammars.AcceptedGrammars`).
 Runs in a worker thread: compiling a large schema takes milliseconds to a second.
+
+A new grammar's parts that can refer back to themselves (a schema with a ``$ref``, a custom
+tool's Lark grammar) are also each checked at their own start, for the model's vocabulary: one
+that refers to itself before producing any text compiles, and would fail the response at the
+GPU worker as soon as the answer reached it (after reasoning, or a call's opening). It is a 400
+naming the part instead. Parts without references cannot do that and cost nothing more.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from llguidance import LLMatcher
 
@@ -21,42 +30,90 @@ from api.errors import OpenAIError, invalid_value
 from api.generation_plan import GenerationPlan, answer_schema, custom_input_schema
 from api.schemas import CreateResponseRequest, CustomTool, FunctionTool, NamespaceTool
 from resq.catalog import TextTokenizer
-from resq.grammars import GrammarError, build_grammar, check_grammar, regex_error, schema_grammar
+from resq.grammars import (
+    GrammarError,
+    build_grammar,
+    check_first_step,
+    check_grammar,
+    regex_error,
+    schema_grammar,
+)
 
 
-def _parts(request: CreateResponseRequest) -> Iterator[tuple[Callable[[], str], str, str, str]]:
-    """Each part of the grammar a request brings: (its grammar, its param, how a message names it, the code)."""
+@dataclass(frozen=True)
+class _Part:
+    """One part of the grammar a request brings."""
+
+    grammar: Callable[[], str]
+    param: str
+    what: str
+    """How a message names it."""
+    code: str
+    may_refer_back: bool
+    """Whether it can refer back to itself (a schema with a ``$ref``, a Lark grammar)."""
+
+    def error(self, exc: GrammarError) -> OpenAIError:
+        """The 400 naming this part."""
+        return invalid_value(f"{self.what}: {exc}", self.param, self.code)
+
+
+def _parts(request: CreateResponseRequest) -> Iterator[_Part]:
+    """Each part of the grammar a request brings."""
     schema = answer_schema(request)
     if schema is not None and request.text is not None:
         name = getattr(request.text.format, "name", None)
         what = f"Invalid schema for response_format '{name}'" if name else "Invalid schema for text.format"
-        yield partial(schema_grammar, schema), "text.format.schema", what, "invalid_json_schema"
+        yield _Part(
+            partial(schema_grammar, schema),
+            "text.format.schema",
+            what,
+            "invalid_json_schema",
+            _refers(schema),
+        )
     for path, tool in _tools(request):
         if isinstance(tool, FunctionTool) and tool.strict and tool.parameters is not None:
             what = f"Invalid schema for function '{tool.name}'"
-            yield (
+            yield _Part(
                 partial(schema_grammar, tool.parameters),
                 f"{path}.parameters",
                 what,
                 "invalid_json_schema",
+                _refers(tool.parameters),
             )
         elif isinstance(tool, CustomTool) and (tool.regex is not None or tool.lark is not None):
-            part = (
+            grammar = (
                 partial(schema_grammar, custom_input_schema(tool))
                 if tool.regex is not None
                 else partial(LLMatcher.grammar_from_lark, tool.lark or "")
             )
             what = f"Invalid grammar for custom tool '{tool.name}'"
-            yield part, f"{path}.format.definition", what, "invalid_value"
+            yield _Part(grammar, f"{path}.format.definition", what, "invalid_value", tool.lark is not None)
+
+
+def _refers(schema: dict[str, Any]) -> bool:
+    # The schema as sent was parsed from JSON: its text holds the key iff a reference is there
+    # (or a property or string spells it, which costs one more check, no more).
+    return '"$ref"' in json.dumps(schema)
 
 
 def _culprit(request: CreateResponseRequest, tokenizer: TextTokenizer) -> OpenAIError | None:
-    for grammar, param, what, code in _parts(request):
+    """The first part that does not compile on its own."""
+    for part in _parts(request):
         try:
-            check_grammar(grammar(), tokenizer.grammar_tokenizer)
+            check_grammar(part.grammar(), tokenizer.grammar_tokenizer)
         except GrammarError as exc:
-            return invalid_value(f"{what}: {exc}", param, code)
+            return part.error(exc)
     return None
+
+
+def _check_first_steps(request: CreateResponseRequest, tokenizer: TextTokenizer) -> None:
+    """400 for the first part that may refer back to itself and cannot take its first step."""
+    for part in _parts(request):
+        if part.may_refer_back:
+            try:
+                check_first_step(part.grammar(), tokenizer.grammar_tokenizer)
+            except GrammarError as exc:
+                raise part.error(exc) from exc
 
 
 def _tools(request: CreateResponseRequest) -> Iterator[tuple[str, object]]:
@@ -99,7 +156,9 @@ def request_grammar(
     try:
         grammar = build_grammar(shape, tokenizer.special_token_id)
         if grammar is not None:
-            compiled = tokenizer.grammar_checks.check(grammar)
+            compiled = tokenizer.grammar_checks.check(
+                grammar, then=partial(_check_first_steps, request, tokenizer)
+            )
             metrics.GRAMMAR_CHECKS.labels("compiled" if compiled else "remembered").inc()
     except GrammarError as exc:
         culprit = _culprit(request, tokenizer)

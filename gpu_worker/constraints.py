@@ -51,6 +51,7 @@ from llguidance import LLExecutor, LLMatcher, LLTokenizer
 
 from gpu_worker import metrics
 from gpu_worker.sampling import NON_FINITE_TOKEN
+from resq.deep_stack import on_deep_stack
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,8 @@ class GrammarConstraints:
             if compiled is not None:
                 self._compiled.move_to_end(grammar)
                 return compiled
-        compiled = LLMatcher(self._tokenizer, grammar, log_level=0)
+        # llguidance's compiler recurses as deep as the grammar's chains of rules (resq.deep_stack).
+        compiled = on_deep_stack(LLMatcher, self._tokenizer, grammar, log_level=0)
         if compiled.is_error():
             raise GrammarRefusedError(f"grammar does not compile: {compiled.get_error()}")
         with self._lock:

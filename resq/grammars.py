@@ -51,6 +51,8 @@ from typing import Any
 
 from llguidance import LLMatcher, LLTokenizer
 
+from resq.deep_stack import on_deep_stack
+
 JSON_STYLE: dict[str, Any] = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
 """llguidance's JSON options for every inlined schema (``x-guidance``)."""
 MAX_GRAMMAR_CHARS = 512 * 1024
@@ -278,9 +280,41 @@ def regex_error(regex: str) -> str | None:
 
 def check_grammar(grammar: str, tokenizer: LLTokenizer | None = None) -> None:
     """Raise :class:`GrammarError` when ``grammar`` does not compile (for ``tokenizer``, when given)."""
-    failed, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+    # llguidance's compiler recurses as deep as the grammar's chains of rules (resq.deep_stack).
+    failed, messages = on_deep_stack(LLMatcher.validate_grammar_with_warnings, grammar, tokenizer)
     if failed:
         raise GrammarError(_first_line(messages[0] if messages else "the grammar does not compile"))
+
+
+def check_first_step(grammar: str, tokenizer: LLTokenizer) -> None:
+    """Raise :class:`GrammarError` when ``grammar`` does not compile for ``tokenizer`` or cannot take
+    its first step: a grammar that refers back to itself before any text (a schema's ``$ref``
+    leading to itself, a Lark rule defined by itself) compiles, and the GPU worker's first mask
+    failed the response with llguidance's NoExtensionBias. (A limit of the parser reached later
+    in an answer cannot be foreseen without generating it: that response fails, as it must.)
+    About 0.7 ms a small schema on a 2k vocabulary, where a compile alone is 0.2-0.4 ms."""
+    error = on_deep_stack(_first_step_error, grammar, tokenizer)
+    if error is not None:
+        raise GrammarError(_first_line(error))
+
+
+def _first_step_error(grammar: str, tokenizer: LLTokenizer) -> str | None:
+    # A matcher, as the GPU worker builds it (its compile fails with validate_grammar's messages).
+    matcher = LLMatcher(tokenizer, grammar, log_level=0)
+    if not matcher.is_error():
+        matcher.compute_bitmask()
+    if not matcher.is_error():
+        return None
+    error = str(matcher.get_error())
+    return NO_PROGRESS_MESSAGE if NO_PROGRESS_ERROR in error else error
+
+
+NO_PROGRESS_ERROR = "NoExtensionBias"
+"""llguidance's error for a grammar whose start can produce no token."""
+NO_PROGRESS_MESSAGE = (
+    "It can produce no text: it refers back to itself before producing any (a schema whose $ref "
+    "leads back to itself, a rule defined by itself)."
+)
 
 
 class AcceptedGrammars:
@@ -302,20 +336,34 @@ class AcceptedGrammars:
         self._accepted: OrderedDict[bytes, None] = OrderedDict()
         self._lock = threading.Lock()
 
-    def check(self, grammar: str) -> bool:
-        """Raise :class:`GrammarError` when ``grammar`` does not compile; True when it was compiled
-        now, False when it had been accepted before."""
-        digest = hashlib.blake2b(grammar.encode(), digest_size=16).digest()
+    def remembers(self, grammar: str) -> bool:
+        """Whether ``grammar`` was accepted recently (it counts as used again)."""
+        digest = _digest(grammar)
         with self._lock:
             if digest in self._accepted:
                 self._accepted.move_to_end(digest)
-                return False
+                return True
+        return False
+
+    def check(self, grammar: str, then: Callable[[], None] | None = None) -> bool:
+        """Raise :class:`GrammarError` when ``grammar`` does not compile; True when it was compiled
+        now, False when it had been accepted before. ``then``: more checks of a grammar that
+        compiled, run before it is remembered (whatever they raise, it is not)."""
+        if self.remembers(grammar):
+            return False
+        digest = _digest(grammar)
         check_grammar(grammar, self._tokenizer)
+        if then is not None:
+            then()
         with self._lock:
             self._accepted[digest] = None
             while len(self._accepted) > self._kept:
                 self._accepted.popitem(last=False)
         return True
+
+
+def _digest(grammar: str) -> bytes:
+    return hashlib.blake2b(grammar.encode(), digest_size=16).digest()
 
 
 def _first_line(message: str) -> str:

@@ -26,6 +26,7 @@ from pydantic import BaseModel
 
 from tests.e2e.conftest import Stack, start_stack
 from tests.fixture_model.scenarios import GET_WEATHER_TOOL
+from tests.support.deep_grammars import schema_chain
 from tests.support.metrics import scrape, value
 from tests.support.processes import START_TIMEOUT_S, ProcessGroup, model_registered, wait_until
 from tests.support.schemas import SCHEMAS, WEATHER_PARAMETERS, follows
@@ -224,6 +225,26 @@ def test_an_agent_resending_its_strict_tools_has_them_compiled_once(stack: Stack
             "pattern",
         ),
         ({"format": {"type": "json_schema", "schema": {}}}, "text.format.name", "Missing"),
+        # Compile, but cannot take a first step: the GPU worker failed the response with them.
+        (
+            {"format": {"type": "json_schema", "name": "x", "schema": {"$ref": "#"}}},
+            "text.format.schema",
+            "refers back to itself",
+        ),
+        (
+            {
+                "format": {
+                    "type": "json_schema",
+                    "name": "x",
+                    "schema": {
+                        "$ref": "#/$defs/a",
+                        "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+                    },
+                }
+            },
+            "text.format.schema",
+            "refers back to itself",
+        ),
         ({"format": {"type": "yaml"}}, "text.format", "type"),
     ],
 )
@@ -480,6 +501,23 @@ def forced_custom_call(stack: Stack, tools: list[Any], name: str, temperature: f
     return call
 
 
+def test_a_schema_chained_deeper_than_a_threads_stack_constrains_answers(tiny_stack: Stack) -> None:
+    """A schema chaining 1,100 definitions (75 KB): compiling it overflowed an 8 MB thread stack
+    and killed the API with SIGSEGV (the GPU worker compiles it next) before compiles ran on a
+    deep stack (resq.deep_stack). As a tool's parameters it would not fit this model's context;
+    tests/unit/test_deep_stack.py compiles Lark chains in both roles."""
+    client = tiny_stack.client()  # a 120 s timeout: a lost request would fail, not hang
+    response = client.responses.create(
+        model=TINY, input="Go.", temperature=0, max_output_tokens=32, text=json_format(schema_chain())
+    )
+    assert response.status == "completed", response
+    assert isinstance(json.loads(response.output_text), int | str)
+    # Neither the API nor the GPU worker died: a plain request is answered.
+    assert tiny_stack.api.alive()
+    plain = client.responses.create(model=TINY, input="Go.", max_output_tokens=4)
+    assert plain.status in ("completed", "incomplete")
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_random_weights_write_regex_custom_tool_inputs(tiny_stack: Stack, temperature: float) -> None:
     call = forced_custom_call(tiny_stack, [CODE_TOOL], "code", temperature)
@@ -527,6 +565,8 @@ def test_a_custom_tool_call_and_its_output_go_back_into_the_conversation(tiny_st
         ("lark", "start: @tool_0"),
         # Valid once wrapped (^(?:[0-9]+)|(.*)$ matches anything): checked before the wrapping.
         ("regex", "[0-9]+)|(.*"),
+        # Compiles, but cannot take a first step (the GPU worker failed the response with it).
+        ("lark", "start: start"),
     ],
 )
 def test_a_custom_tool_grammar_that_cannot_constrain_is_a_400(

@@ -6,8 +6,9 @@ import threading
 from typing import Any
 
 import pytest
-from llguidance import LLMatcher
+from llguidance import LLMatcher, LLTokenizer
 
+from gpu_worker.builtin_model import ensure_builtin_model
 from resq import grammars
 from resq.grammars import AcceptedGrammars, AnswerShape, GrammarError, build_grammar
 
@@ -87,3 +88,64 @@ def test_checks_from_many_threads_agree(compiles: list[str]) -> None:
     for grammar in grammars_used:  # and the memo still works after the contention
         checks.check(grammar)
         assert checks.check(grammar) is False
+
+
+def test_a_grammar_whose_further_checks_fail_is_not_remembered(compiles: list[str]) -> None:
+    checks = AcceptedGrammars(None)
+    grammar = schema_grammar({"a": {"type": "string"}})
+
+    def refuse() -> None:
+        raise GrammarError("no")
+
+    with pytest.raises(GrammarError):
+        checks.check(grammar, then=refuse)
+    assert not checks.remembers(grammar)
+    assert checks.check(grammar, then=lambda: None) is True
+    assert checks.remembers(grammar)
+    assert len(compiles) == 2
+
+
+# --- a grammar's first step -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vocabulary() -> LLTokenizer:
+    return LLTokenizer((ensure_builtin_model() / "tokenizer.json").read_text())
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$ref": "#"},
+        {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}},
+    ],
+    ids=["itself", "a-loop"],
+)
+def test_a_schema_that_refers_back_to_itself_first_compiles_but_cannot_start(
+    schema: dict[str, Any], vocabulary: LLTokenizer
+) -> None:
+    grammar = grammars.schema_grammar(schema)
+    grammars.check_grammar(grammar, vocabulary)  # what the compile alone accepts
+    with pytest.raises(GrammarError, match="refers back to itself"):
+        grammars.check_first_step(grammar, vocabulary)
+
+
+def test_a_lark_rule_defined_by_itself_cannot_start(vocabulary: LLTokenizer) -> None:
+    with pytest.raises(GrammarError, match="refers back to itself"):
+        grammars.check_first_step(LLMatcher.grammar_from_lark("start: start\n"), vocabulary)
+
+
+def test_a_recursive_schema_that_makes_progress_starts(vocabulary: LLTokenizer) -> None:
+    tree = {
+        "type": "object",
+        "properties": {"children": {"type": "array", "items": {"$ref": "#"}}},
+        "required": ["children"],
+    }
+    grammars.check_first_step(grammars.schema_grammar(tree), vocabulary)
+
+
+def test_a_grammar_that_does_not_compile_fails_its_first_step_with_the_compilers_message(
+    vocabulary: LLTokenizer,
+) -> None:
+    with pytest.raises(GrammarError, match="undefined_rule"):
+        grammars.check_first_step(BROKEN, vocabulary)
