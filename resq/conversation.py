@@ -65,11 +65,25 @@ def content_text(content: str | list[dict[str, Any]] | None) -> str:
 
 
 def _arguments_value(arguments: str) -> Any:
-    # Templates render `arguments | tojson` for dicts; keep text that is not JSON as text.
+    # Templates render `arguments | tojson` for dicts; keep text that is not JSON as text, and
+    # so JSON nested past Python's recursion limit (`[[[...]]]`, a RecursionError) and JSON that
+    # escapes a lone surrogate (`"\ud800"`, which no UTF-8 prompt can hold): the text as sent
+    # renders, where the value took the request (or a conversation that stored it) to a 500.
     try:
-        return json.loads(arguments)
-    except ValueError:
+        value = json.loads(arguments)
+    except (ValueError, RecursionError):
         return arguments
+    if "\\u" in arguments and not _encodable(value):
+        return arguments
+    return value
+
+
+def _encodable(value: Any) -> bool:
+    try:
+        json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def items_to_messages(items: list[Item], instructions: str | None = None) -> list[Message]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import redis
 import websockets.exceptions
@@ -867,6 +868,63 @@ def test_bad_input_gets_its_error_and_harms_nothing(
     assert response.output_text == scenario("hello").completion
     again = httpx.get(f"{limited.base_url}/v1/responses/{stored_id}", timeout=30)
     assert again.status_code == 200 and again.content == stored_json
+
+
+HOSTILE_ARGUMENTS = {
+    # Nested past Python's recursion limit; 2,002 tokens, over the fixture model's 1,024.
+    "deep": "[" * 1001 + "]" * 1001,
+    # Escaped, so the body's own surrogate check passes it.
+    "lone-surrogate": '{"a": "\\ud800"}',
+}
+"""A call's ``arguments`` text that took every endpoint rendering it to a 500 (and a conversation
+storing it to a 500 on every later turn): now rendered as the text sent."""
+
+
+@pytest.mark.parametrize("name", list(HOSTILE_ARGUMENTS))
+def test_a_calls_arguments_text_is_rendered_as_sent_wherever_it_comes_in(limited: Stack, name: str) -> None:
+    client = limited.client()
+    arguments = HOSTILE_ARGUMENTS[name]
+    fits = name != "deep"
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": arguments}
+    output = {"type": "function_call_output", "call_id": "c1", "output": "ok"}
+    items: list[Any] = [{"role": "user", "content": "Say hello."}, call, output]
+    chat_messages: list[Any] = [
+        {"role": "user", "content": "Say hello."},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+    ]
+    counted = client.responses.input_tokens.count(model=MODEL, input=items).input_tokens
+    assert counted > (1024 if not fits else 0)
+    if fits:
+        response = client.responses.create(model=MODEL, input=items, max_output_tokens=4)
+        assert response.status in ("completed", "incomplete")
+        completion = client.chat.completions.create(
+            model=MODEL, max_completion_tokens=4, messages=chat_messages
+        )
+        assert completion.choices[0].finish_reason in ("stop", "length")
+    else:
+        # Rendered, it is simply too long for this model: the 400 any long prompt gets.
+        with pytest.raises(openai.BadRequestError, match="maximum context length"):
+            client.responses.create(model=MODEL, input=items, max_output_tokens=4)
+        with pytest.raises(openai.BadRequestError, match="maximum context length"):
+            client.chat.completions.create(model=MODEL, max_completion_tokens=4, messages=chat_messages)
+    # Stored in a conversation, it no longer fails every later turn of it.
+    conversation = client.conversations.create(items=items)
+    for _ in range(2):
+        turn = client.responses.create(
+            model=MODEL,
+            input="Say hello.",
+            conversation=conversation.id,
+            max_output_tokens=4,
+            truncation="auto",
+        )
+        assert turn.status in ("completed", "incomplete")
 
 
 def _wait_for_no_generations(redis_url: str, timeout_s: float = 90.0) -> None:

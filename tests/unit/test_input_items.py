@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -159,3 +160,30 @@ def test_a_compaction_item_is_listed_without_a_status() -> None:
     compaction = {"type": "compaction", "encrypted_content": "rq1_x", "status": "completed"}
     assert "status" not in normalise_item(compaction, "cmp_1")
     assert normalise_item({"type": "reasoning", "summary": []}, "rs_1")["status"] == "completed"
+
+
+@pytest.mark.parametrize(
+    ("arguments", "rendered_as_text"),
+    [
+        ('{"city": "Paris"}', False),
+        ('{"emoji": "\\ud83d\\ude00"}', False),  # an escaped pair is one character
+        ("[" * 5000 + "]" * 5000, True),  # nested past Python's recursion limit
+        ('{"a": "\\ud800"}', True),  # an escaped lone surrogate: no UTF-8 prompt can hold it
+        ("not json", True),
+    ],
+    ids=["object", "surrogate-pair", "deep", "lone-surrogate", "text"],
+)
+def test_a_calls_arguments_reach_the_template_as_a_value_or_as_the_text_sent(
+    arguments: str, rendered_as_text: bool
+) -> None:
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": arguments}
+    output = {"type": "function_call_output", "call_id": "c1", "output": "ok"}
+    messages = items_to_messages([{"role": "user", "content": "hi"}, call, output])
+    (sent,) = [message for message in messages if message.get("tool_calls")]
+    value = sent["tool_calls"][0]["function"]["arguments"]
+    if rendered_as_text:
+        assert value == arguments
+    else:
+        assert isinstance(value, dict)
+        value_text = json.dumps(value, ensure_ascii=False)
+        value_text.encode()  # renders into a UTF-8 prompt
