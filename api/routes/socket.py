@@ -97,7 +97,12 @@ def error_event(error: OpenAIError, stream_id: str | None = None) -> dict[str, A
 def create_request(message: Any) -> tuple[CreateResponseRequest, str | None]:
     """The create request a client message carries, and its ``stream_id``; an OpenAIError otherwise."""
     if not isinstance(message, dict):
-        raise invalid_value("A WebSocket message must be a JSON object.", None, "invalid_json")
+        raise invalid_value(
+            "A WebSocket message must be a JSON object: this one is not an object, is not JSON, or "
+            "nests too deep to read.",
+            None,
+            "invalid_json",
+        )
     if message.get("type") != CREATE:
         raise invalid_value(
             f"Unsupported message type {message.get('type')!r}: this server takes {CREATE!r}.", "type"

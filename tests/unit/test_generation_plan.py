@@ -13,7 +13,13 @@ from tokenizers import Tokenizer
 from api.errors import OpenAIError, validation_error_to_openai
 from api.generation_plan import THINKING_SWITCH, plan_generation, plan_tools, thinking_context, wants_logprobs
 from api.prompting import render_prompt
-from api.schemas import MAX_CONTENT_PARTS, MAX_INPUT_ITEMS, MAX_TOOLS, CreateResponseRequest
+from api.schemas import (
+    MAX_ALLOWED_TOOLS,
+    MAX_CONTENT_PARTS,
+    MAX_INPUT_ITEMS,
+    MAX_TOOLS,
+    CreateResponseRequest,
+)
 from api.submission import initial_response, stop_token_ids
 from resq.catalog import TextTokenizer
 from resq.cli import main
@@ -252,6 +258,18 @@ def test_the_response_echoes_what_was_asked() -> None:
         (
             {"tools": [{"type": "function", "name": f"f{index}"} for index in range(MAX_TOOLS + 1)]},
             "tools",
+            "invalid_value",
+        ),
+        (
+            {
+                "tools": [WEATHER],
+                "tool_choice": {
+                    "type": "allowed_tools",
+                    "mode": "auto",
+                    "tools": [{"type": "function", "name": "get_weather"}] * (MAX_ALLOWED_TOOLS + 1),
+                },
+            },
+            "tool_choice.tools",
             "invalid_value",
         ),
     ],
