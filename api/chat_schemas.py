@@ -33,6 +33,7 @@ from api.schemas import (
     RefusedType,
     RefusingBranch,
     _Strict,
+    check_bound,
     check_raw_body,
     object_parameters,
     unsupported,
@@ -345,12 +346,12 @@ class ChatCompletionRequest(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _sane_body(cls, value: Any) -> Any:
-        messages = value.get("messages") if isinstance(value, dict) else None
-        if isinstance(messages, list) and len(messages) > MAX_INPUT_ITEMS:
-            raise PydanticCustomError(
-                "items_limit",
+        if isinstance(value, dict):
+            check_bound(
+                value.get("messages"),
+                MAX_INPUT_ITEMS,
                 "The request has {count} messages; at most {limit} are allowed.",
-                {"count": len(messages), "limit": MAX_INPUT_ITEMS, "param": "messages"},
+                "messages",
             )
         check_raw_body(value)
         return value

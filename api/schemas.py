@@ -84,12 +84,12 @@ def check_raw_body(body: Any, limit_items: bool = True) -> None:
 
     Walks the parsed JSON without recursion; the error's context names the culprit's path.
     """
-    items = body.get("input") if isinstance(body, dict) else None
-    if limit_items and isinstance(items, list) and len(items) > MAX_INPUT_ITEMS:
-        raise PydanticCustomError(
-            "items_limit",
+    if limit_items and isinstance(body, dict):
+        check_bound(
+            body.get("input"),
+            MAX_INPUT_ITEMS,
             "The input has {count} items; at most {limit} are allowed (compact or truncate the conversation).",
-            {"count": len(items), "limit": MAX_INPUT_ITEMS, "param": "input"},
+            "input",
         )
     if isinstance(body, dict):
         _check_counts(body)
@@ -141,19 +141,19 @@ def _check_counts(body: dict[str, Any]) -> None:
             if isinstance(item, dict) and isinstance(content := item.get("content"), list)
         )
         if parts > MAX_CONTENT_PARTS:
-            raise PydanticCustomError(
-                "items_limit",
+            raise too_many(
                 "'{param}' holds {count} content parts in all; at most {limit} are allowed.",
-                {"count": parts, "limit": MAX_CONTENT_PARTS, "param": key},
+                parts,
+                MAX_CONTENT_PARTS,
+                key,
             )
     choice = body.get("tool_choice")
-    allowed = choice.get("tools") if isinstance(choice, dict) else None
-    if isinstance(allowed, list) and len(allowed) > MAX_ALLOWED_TOOLS:
-        raise PydanticCustomError(
-            "items_limit",
-            "'{param}' names {count} tools; at most {limit} are allowed.",
-            {"count": len(allowed), "limit": MAX_ALLOWED_TOOLS, "param": "tool_choice.tools"},
-        )
+    check_bound(
+        choice.get("tools") if isinstance(choice, dict) else None,
+        MAX_ALLOWED_TOOLS,
+        "'{param}' names {count} tools; at most {limit} are allowed.",
+        "tool_choice.tools",
+    )
     tools = body.get("tools")
     if not isinstance(tools, list):
         return
@@ -163,12 +163,19 @@ def _check_counts(body: dict[str, Any]) -> None:
         if isinstance(tool, dict) and isinstance(tool.get("tools"), list)
     ]
     for param, listed in lists:
-        if len(listed) > MAX_TOOLS:
-            raise PydanticCustomError(
-                "items_limit",
-                "'{param}' has {count} tools; at most {limit} are allowed.",
-                {"count": len(listed), "limit": MAX_TOOLS, "param": param},
-            )
+        check_bound(listed, MAX_TOOLS, "'{param}' has {count} tools; at most {limit} are allowed.", param)
+
+
+def check_bound(listed: Any, limit: int, message: str, param: str) -> None:
+    """Raise :func:`too_many` when ``listed`` is a list of more than ``limit`` entries."""
+    if isinstance(listed, list) and len(listed) > limit:
+        raise too_many(message, len(listed), limit, param)
+
+
+def too_many(message: str, count: int, limit: int, param: str) -> PydanticCustomError:
+    """The validation error for a list over its bound: a 400 ``invalid_value`` naming ``param``.
+    ``message`` may use ``{count}``, ``{limit}`` and ``{param}``."""
+    return PydanticCustomError("items_limit", message, {"count": count, "limit": limit, "param": param})
 
 
 def unsupported(what: str) -> PydanticCustomError:

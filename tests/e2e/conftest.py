@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from tests.support.processes import (
     model_registered,
     wait_until,
 )
+from tests.support.redis_server import PrivateRedis
 
 MODEL = "fixture"
 
@@ -127,6 +129,35 @@ def start_stack(base_env: dict[str, str], log_dir: Path, postprocess_workers: in
         group.stop_all()
         raise
     return Stack(base_url, postprocess_workers, api, workers, group)
+
+
+@contextmanager
+def stack_on_own_redis(
+    env: dict[str, str], log_dir: Path, redis_dir: Path, model_name: str, tag: str, postprocess_workers: int
+) -> Iterator[Stack]:
+    """A GPU worker serving ``model_name`` and an API (with ``postprocess_workers``), all with
+    ``env`` on a private Redis of their own: a second GPU worker on the suite's Redis would show
+    in its ``/v1/models``, and take the suite's jobs if it served the suite's model."""
+    server = PrivateRedis(redis_dir)
+    server.start()
+    env = {**env, "RESQ_REDIS_URL": server.url, "RESQ_MODEL_NAME": model_name}
+    group = ProcessGroup(log_dir, env)
+    try:
+        worker = group.start("gpu-worker", f"gpu-worker-{tag}")
+        wait_until(
+            lambda: model_registered(server.url, model_name),
+            START_TIMEOUT_S,
+            f"the GPU worker ({tag})",
+            [worker],
+        )
+        stack = start_stack(env, log_dir, postprocess_workers, tag)
+        try:
+            yield stack
+        finally:
+            stack.group.stop_all()
+    finally:
+        group.stop_all()
+        server.stop()
 
 
 @pytest.fixture(scope="session", params=[0, 2], ids=["inline", "workers2"])

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
-from tests.e2e.conftest import Stack, start_stack
+from tests.e2e.conftest import Stack, stack_on_own_redis
 from tests.fixture_model import scenario
 from tests.fixture_model.long_context import (
     COMMAND,
@@ -40,8 +40,6 @@ from tests.fixture_model.long_context import (
     RUN_PROMPT,
     ensure_long_context_model,
 )
-from tests.support.processes import START_TIMEOUT_S, ProcessGroup, model_registered, wait_until
-from tests.support.redis_server import PrivateRedis
 
 pytestmark = pytest.mark.e2e
 
@@ -207,12 +205,8 @@ def codex_stack(tmp_path_factory: pytest.TempPathFactory, log_dir: Path) -> Iter
     """The API, two post-process workers and a GPU worker on the long-context model, on a Redis
     of their own (a second GPU worker on the suite's Redis would take the suite's jobs)."""
     model_dir = ensure_long_context_model()
-    server = PrivateRedis(tmp_path_factory.mktemp("codex-redis"))
-    server.start()
     env = {
-        "RESQ_REDIS_URL": server.url,
         "RESQ_MODEL": str(model_dir),
-        "RESQ_MODEL_NAME": LONG_MODEL,
         "RESQ_LOG_LEVEL": "info",
         "RESQ_LOG_FORMAT": "json",
         "RESQ_HEARTBEAT_S": "0.5",
@@ -222,23 +216,9 @@ def codex_stack(tmp_path_factory: pytest.TempPathFactory, log_dir: Path) -> Iter
         "RESQ_TOOL_PARSER": "hermes",
         "RESQ_REASONING_PARSER": "qwen3",
     }
-    group = ProcessGroup(log_dir, env)
-    try:
-        worker = group.start("gpu-worker", "gpu-worker-codex")
-        wait_until(
-            lambda: model_registered(server.url, LONG_MODEL),
-            START_TIMEOUT_S,
-            "the long-context GPU worker",
-            [worker],
-        )
-        stack = start_stack(env, log_dir, 2, "codex")
-        try:
-            yield stack
-        finally:
-            stack.group.stop_all()
-    finally:
-        group.stop_all()
-        server.stop()
+    redis_dir = tmp_path_factory.mktemp("codex-redis")
+    with stack_on_own_redis(env, log_dir, redis_dir, LONG_MODEL, "codex", 2) as stack:
+        yield stack
 
 
 @pytest.mark.timeout(900)  # the first run builds the long-context model (a few minutes)

@@ -3,7 +3,7 @@
 no ``temperature`` or ``top_p`` with them and echoes them in the Response.
 
 The model is the fixture model with a ``generation_config.json`` recommending 0.6 and 0.9, served
-on a Redis of its own (a second model on the suite's Redis would show in every ``/v1/models``).
+on a Redis of its own.
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from tests.e2e.conftest import Stack, start_stack
-from tests.support.processes import START_TIMEOUT_S, ProcessGroup, model_registered, wait_until
-from tests.support.redis_server import PrivateRedis
+from tests.e2e.conftest import Stack, stack_on_own_redis
 
 pytestmark = pytest.mark.e2e
 
@@ -47,28 +45,10 @@ def recommending_stack(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Stack]:
     """A GPU worker on that model and an API post-processing inline, on a private Redis."""
-    server = PrivateRedis(tmp_path_factory.mktemp("sampling-redis"))
-    server.start()
-    env = {
-        **base_env,
-        "RESQ_REDIS_URL": server.url,
-        "RESQ_MODEL": str(recommending_model_dir),
-        "RESQ_MODEL_NAME": RECOMMENDING,
-    }
-    group = ProcessGroup(log_dir, env)
-    try:
-        worker = group.start("gpu-worker", "gpu-worker-recommends")
-        wait_until(
-            lambda: model_registered(server.url, RECOMMENDING), START_TIMEOUT_S, "the GPU worker", [worker]
-        )
-        stack = start_stack(env, log_dir, 0, "recommends")
-        try:
-            yield stack
-        finally:
-            stack.group.stop_all()
-    finally:
-        group.stop_all()
-        server.stop()
+    env = {**base_env, "RESQ_MODEL": str(recommending_model_dir)}
+    redis_dir = tmp_path_factory.mktemp("sampling-redis")
+    with stack_on_own_redis(env, log_dir, redis_dir, RECOMMENDING, "recommends", 0) as stack:
+        yield stack
 
 
 @pytest.fixture
