@@ -26,6 +26,7 @@ from agents import (
     RunConfig,
     RunContextWrapper,
     Runner,
+    responses_websocket_session,
 )
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_openai import ChatOpenAI
@@ -35,6 +36,7 @@ from tests.e2e.conftest import MODEL, Stack
 from tests.fixture_model import GET_WEATHER_TOOL, scenario
 from tests.support.conformance import check_events
 from tests.support.invariants import as_dict, check_stream, output_text
+from tests.support.metrics import scrape, value
 from tests.support.reasoning import (
     REASONING_PROMPT,
     REASONING_TEXT,
@@ -433,6 +435,37 @@ def test_openai_agents_runs_its_tool_loop(stack: Stack) -> None:
     )
     assert [json.loads(arguments) for arguments in calls] == [{"city": "Paris"}]
     assert result.final_output == scenario("after_tool_result").completion
+
+
+def test_openai_agents_runs_its_tool_loop_over_a_websocket_session(stack: Stack) -> None:
+    """openai-agents' WebSocket transport (``responses_websocket_session``): one socket for the
+    session's runs, a run and a streamed run, each a tool loop of two model calls."""
+    calls: list[str] = []
+    posts = {"route": "/v1/responses", "method": "POST", "status": "200"}
+    before = value(scrape(f"{stack.base_url}/metrics"), "resq_http_requests_total", **posts)
+
+    async def run() -> tuple[Any, Any]:
+        async with responses_websocket_session(api_key="sk-test", base_url=f"{stack.base_url}/v1") as session:
+            weather = Agent(
+                name="weather",
+                model=MODEL,
+                tools=[weather_tool(calls)],
+                model_settings=ModelSettings(temperature=0),
+            )
+            ran = await session.run(weather, WEATHER_PROMPT)
+            streamed = session.run_streamed(weather, WEATHER_PROMPT)
+            async for _ in streamed.stream_events():
+                pass
+            return ran, streamed
+
+    ran, streamed = asyncio.run(run())
+    assert [json.loads(arguments) for arguments in calls] == [{"city": "Paris"}] * 2
+    assert ran.final_output == streamed.final_output == scenario("after_tool_result").completion
+    # All four model calls went over the socket: no POST /v1/responses (which one counts).
+    after = value(scrape(f"{stack.base_url}/metrics"), "resq_http_requests_total", **posts)
+    assert after == before
+    stack.client().responses.create(model=MODEL, input="Say hello.", max_output_tokens=2)
+    assert value(scrape(f"{stack.base_url}/metrics"), "resq_http_requests_total", **posts) == after + 1
 
 
 def test_openai_agents_streams_its_tool_loop_unstored_with_encrypted_reasoning(stack: Stack) -> None:
