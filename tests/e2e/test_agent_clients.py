@@ -537,6 +537,20 @@ def test_langchain_runs_a_bind_tools_loop(stack: Stack) -> None:
     assert answer.text == scenario("after_tool_result").completion
 
 
+def test_langchain_continues_by_previous_response_id(stack: Stack) -> None:
+    """``use_previous_response_id=True``: LangChain sends the last response's id and only the
+    messages after it (here the tool result), and resq continues the stored turn."""
+    model = chat_model(stack, use_previous_response_id=True).bind_tools([GET_WEATHER_TOOL])
+    question = HumanMessage(WEATHER_PROMPT)
+    called = model.invoke([question])
+    assert isinstance(called, AIMessage) and called.tool_calls
+    result = ToolMessage("22C and sunny", tool_call_id=called.tool_calls[0]["id"])
+    answer = model.invoke([question, called, result])
+    assert answer.text == scenario("after_tool_result").completion
+    stored = stack.client().responses.retrieve(answer.response_metadata["id"])
+    assert stored.previous_response_id == called.response_metadata["id"]
+
+
 def test_langchain_streams_non_empty_reasoning(stack: Stack) -> None:
     model = chat_model(stack, reasoning={"summary": "auto"}, streaming=True)
     aggregate: Any = None
