@@ -91,8 +91,8 @@ def _parts(request: CreateResponseRequest) -> Iterator[_Part]:
 
 
 def _refers(schema: dict[str, Any]) -> bool:
-    # The schema as sent was parsed from JSON: its text holds the key iff a reference is there
-    # (or a property or string spells it, which costs one more check, no more).
+    # The schema as sent was parsed from JSON: its text holds the key wherever a reference is
+    # (a property or a string that spells it costs one more check, no more).
     return '"$ref"' in json.dumps(schema)
 
 

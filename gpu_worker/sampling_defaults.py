@@ -2,8 +2,8 @@
 
 Models ship the ``temperature`` and ``top_p`` they are meant to be sampled with (Qwen3:
 0.6 and 0.95 when thinking; Llama 3 Instruct: 0.6 and 0.9). Agent clients often send
-neither: Codex and the Vercel AI SDK leave ``temperature`` out for a reasoning model, as
-OpenAI's reasoning models refuse it. With ``RESQ_SAMPLING_DEFAULTS=model`` such a request
+neither: Codex never sends ``temperature``, and the Vercel AI SDK leaves it out for a
+reasoning model, as OpenAI's reasoning models refuse it. With ``RESQ_SAMPLING_DEFAULTS=model`` such a request
 gets the model's values instead of OpenAI's 1.0, as vLLM does by default
 (``--generation-config auto``). The GPU worker puts them on the model card; the API applies
 them to requests that set none and echoes the values used in the Response.
