@@ -63,6 +63,7 @@ def test_deep_calls_wait_for_a_slot() -> None:
     release.set()
     for caller in callers:
         caller.join(10)
+    assert not any(caller.is_alive() for caller in callers)
     assert most == DEEP_STACK_THREADS
 
 
