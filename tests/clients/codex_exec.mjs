@@ -2,6 +2,7 @@
 //
 // Usage: node codex_exec.mjs --base-url http://127.0.0.1:8000/v1 --model NAME
 //            [--api-key KEY] [--prompt TEXT] [--workdir DIR] [--context-window TOKENS] [--timeout-s S]
+//            [--websockets]
 //
 // Codex runs as shipped: a custom provider (`wire_api = "responses"`) in the config.toml of a
 // fresh CODEX_HOME, no sandbox and no approvals (the commands the model calls really run, in
@@ -30,6 +31,7 @@ const { values: args } = parseArgs({
     workdir: { type: "string" },
     "context-window": { type: "string" },
     "timeout-s": { type: "string", default: "300" },
+    websockets: { type: "boolean", default: false },
   },
 });
 if (!args["base-url"] || !args.model) {
@@ -49,6 +51,8 @@ const config = [
   `base_url = ${toml(args["base-url"])}`,
   `wire_api = "responses"`,
   `env_key = "RESQ_CODEX_API_KEY"`,
+  // --websockets: Codex's WebSocket transport (GET /v1/responses upgraded) instead of HTTP SSE.
+  ...(args.websockets ? [`supports_websockets = true`] : []),
   // A failure shows at once, not after five retries with backoff.
   `request_max_retries = 0`,
   `stream_max_retries = 0`,

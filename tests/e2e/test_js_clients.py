@@ -40,6 +40,7 @@ from tests.fixture_model.long_context import (
     RUN_PROMPT,
     ensure_long_context_model,
 )
+from tests.support.metrics import scrape
 
 pytestmark = pytest.mark.e2e
 
@@ -241,7 +242,24 @@ def test_long_context_model_answers_after_a_long_prompt(codex_stack: Stack) -> N
 
 
 @pytest.mark.timeout(900)
-def test_codex_exec_runs_the_command_and_answers(node: str, codex_stack: Stack, tmp_path: Path) -> None:
+def posts_to_responses(stack: Stack) -> float:
+    """``POST /v1/responses`` requests the API has answered, whatever their status."""
+    return sum(
+        count
+        for (name, labels), count in scrape(f"{stack.base_url}/metrics").items()
+        if name == "resq_http_requests_total"
+        and ("route", "/v1/responses") in labels
+        and ("method", "POST") in labels
+    )
+
+
+@pytest.mark.parametrize("transport", ["http", "websocket"])
+def test_codex_exec_runs_the_command_and_answers(
+    node: str, codex_stack: Stack, tmp_path: Path, transport: str
+) -> None:
+    """Codex as shipped, over HTTP SSE and over its WebSocket transport (``supports_websockets``
+    on the provider: ``GET /v1/responses`` upgraded, one ``response.create`` a model call)."""
+    posts_before = posts_to_responses(codex_stack)
     result = run_client(
         node,
         "codex_exec.mjs",
@@ -251,9 +269,13 @@ def test_codex_exec_runs_the_command_and_answers(node: str, codex_stack: Stack, 
         "--workdir", str(tmp_path),
         "--context-window", str(CONTEXT_LENGTH),
         "--prompt", RUN_PROMPT,
+        *(["--websockets"] if transport == "websocket" else []),
         timeout_s=600,
     )  # fmt: skip
     assert result["failures"] == []
+    # Its two model calls (the command's, then the answer's) went by the transport asked for.
+    posts = posts_to_responses(codex_stack) - posts_before
+    assert posts == (0 if transport == "websocket" else 2), posts
     # Codex ran the call the model made, once: in its shell, in the work directory.
     [command] = result["commands"]
     assert COMMAND in command["command"]
