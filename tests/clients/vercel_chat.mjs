@@ -12,6 +12,8 @@
 // fixture model's answers are exact under greedy decoding). Runs:
 //
 // - generate: two generateText turns, the second with the first's `response.messages`;
+// - chained: the same two turns, the second sending only its message and the first's id
+//   (`providerOptions.openai.previousResponseId`);
 // - stream: the same two turns with streamText;
 // - tools: one generateText with a get_weather tool the SDK executes, two steps;
 // - structured: `output: Output.object({schema})` (sent as `text.format` json_schema), through
@@ -37,7 +39,7 @@ const { values: args } = parseArgs({
   },
 });
 if (!args["base-url"] || !args.model) {
-  console.error("usage: node vercel_chat.mjs --base-url URL --model NAME [--api-key KEY] [--only generate,stream,tools,structured,reasoning,reasoning-unstored] [--sdk 7|6]");
+  console.error("usage: node vercel_chat.mjs --base-url URL --model NAME [--api-key KEY] [--only chained,generate,stream,tools,structured,reasoning,reasoning-unstored] [--sdk 7|6]");
   process.exit(2);
 }
 const PACKAGES = { 7: ["ai", "@ai-sdk/openai"], 6: ["ai-v6", "@ai-sdk/openai-v3"] };
@@ -191,7 +193,24 @@ async function reasoningChat(store) {
   };
 }
 
+async function chainedChat() {
+  const first = await generateText({ model, messages: [{ role: "user", content: "My name is Ada." }], ...settings });
+  // Only the new message, the first turn by `previousResponseId` (the provider's option).
+  const second = await generateText({
+    model,
+    messages: [{ role: "user", content: "What is my name?" }],
+    providerOptions: { openai: { previousResponseId: first.response.id } },
+    ...settings,
+  });
+  const body = sentBody(second.request);
+  return {
+    turn1: summary(first),
+    turn2: { ...summary(second), previousResponseId: body?.previous_response_id ?? null },
+  };
+}
+
 const runs = {
+  chained: chainedChat,
   generate: generateChat,
   stream: streamChat,
   tools: toolChat,

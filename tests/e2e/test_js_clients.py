@@ -134,6 +134,18 @@ def test_vercel_second_turn_resolves_the_item_reference(node: str, stack: Stack,
 
 
 @pytest.mark.parametrize("sdk", VERCEL_MAJORS)
+def test_vercel_second_turn_continues_by_previous_response_id(node: str, stack: Stack, sdk: str) -> None:
+    chat = vercel(node, stack, "chained", sdk)
+    first, second = chat["turn1"], chat["turn2"]
+    assert first["text"] == scenario("introduce").completion
+    assert second["previousResponseId"] == first["responseId"]
+    assert item_types(second["input"]) == ["message"]  # the new message alone
+    # Continued from the stored turn, the conversation is the one the fixture model answers.
+    assert second["text"] == scenario("multi_turn").completion
+    assert second["finishReason"] == "stop"
+
+
+@pytest.mark.parametrize("sdk", VERCEL_MAJORS)
 def test_vercel_tool_call_round_trip(node: str, stack: Stack, sdk: str) -> None:
     chat = vercel(node, stack, "tools", sdk)
     first, second = chat["steps"]
