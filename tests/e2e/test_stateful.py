@@ -38,8 +38,14 @@ RawEvent = tuple[str, bytes]
 def second_api(
     stack: Stack, gpu_worker: RoleProcess, base_env: dict[str, str], log_dir: Path
 ) -> Iterator[Stack]:
-    """Another API process on the same Redis, which created none of the responses it is asked about."""
-    other = start_stack(base_env, log_dir, 0, f"second-for-pp{stack.postprocess_workers}")
+    """Another API process on the same Redis, which created none of the responses it is asked about.
+
+    Its streams are compared with the log event for event, so it never merges a lagging client's
+    deltas (``RESQ_SSE_COALESCE_AFTER=0``): on a busy machine a resumed stream's reader could fall
+    more than 16 events behind mid-generation, and got them merged (tests/e2e/test_slow_clients.py
+    tests that merging)."""
+    env = {**base_env, "RESQ_SSE_COALESCE_AFTER": "0"}
+    other = start_stack(env, log_dir, 0, f"second-for-pp{stack.postprocess_workers}")
     try:
         yield other
     finally:
