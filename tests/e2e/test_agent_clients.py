@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import litellm
@@ -31,6 +31,7 @@ from agents import (
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_openai import ChatOpenAI
 from openai import AsyncOpenAI, BadRequestError, OpenAI
+from pydantic import BaseModel
 
 from tests.e2e.conftest import MODEL, Stack
 from tests.fixture_model import GET_WEATHER_TOOL, scenario
@@ -549,6 +550,27 @@ def test_langchain_continues_by_previous_response_id(stack: Stack) -> None:
     assert answer.text == scenario("after_tool_result").completion
     stored = stack.client().responses.retrieve(answer.response_metadata["id"])
     assert stored.previous_response_id == called.response_metadata["id"]
+
+
+class WeatherReport(BaseModel):
+    """What LangChain's structured output is asked for (bounded: an enum and a boolean)."""
+
+    city: Literal["Paris", "London", "Tokyo"]
+    sunny: bool
+
+
+def test_langchain_structured_output_follows_its_schema(stack: Stack) -> None:
+    """``with_structured_output(Model, method="json_schema")``: sent as ``text.format``, enforced by
+    constrained decoding, parsed and validated by LangChain."""
+    structured = chat_model(stack).with_structured_output(
+        WeatherReport, method="json_schema", include_raw=True
+    )
+    answer = structured.invoke(WEATHER_PROMPT)
+    assert answer["parsing_error"] is None
+    assert isinstance(answer["parsed"], WeatherReport)
+    stored = stack.client().responses.retrieve(answer["raw"].response_metadata["id"])
+    assert stored.text is not None and stored.text.format.type == "json_schema"
+    assert stored.status == "completed"
 
 
 def test_langchain_streams_non_empty_reasoning(stack: Stack) -> None:
