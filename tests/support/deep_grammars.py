@@ -15,11 +15,6 @@ def lark_chain(rules: int = LARK_CHAIN_RULES) -> str:
     return "start: r0\n" + "".join(f'r{i}: r{i + 1} | "x{i}"\n' for i in range(rules)) + f'r{rules}: "end"\n'
 
 
-def lark_chain_answers(rules: int = LARK_CHAIN_RULES) -> set[str]:
-    """Every text :func:`lark_chain` accepts."""
-    return {f"x{i}" for i in range(rules)} | {"end"}
-
-
 def schema_chain(levels: int = SCHEMA_CHAIN_LEVELS) -> dict[str, Any]:
     """Each definition either an integer or a reference to the next, the last a string."""
     definitions: dict[str, Any] = {
