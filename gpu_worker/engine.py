@@ -61,7 +61,7 @@ from gpu_worker.penalties import Penalties
 from gpu_worker.sampling import GRAMMAR_FAILED_TOKEN, GREEDY_BELOW_TEMPERATURE, NON_FINITE_TOKEN, STEP_FLAGS
 from gpu_worker.seeds import Seeds
 from resq.settings import Settings
-from resq.wire import GenerationJob
+from resq.wire import FailureCode, GenerationJob
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,14 @@ GRAMMAR_FAILED_ERROR = (
     "grammar: a schema too large for it, or text it cannot spell with this vocabulary); generation stopped."
 )
 _FLAG_ERRORS = {NON_FINITE_TOKEN: NON_FINITE_ERROR, GRAMMAR_FAILED_TOKEN: GRAMMAR_FAILED_ERROR}
+_REQUEST_FAULTS = frozenset({GRAMMAR_FAILED_ERROR})
+"""Failures that are the request's own: its grammar (a schema past llguidance's parser limits,
+forced text this vocabulary cannot spell) could not be followed to the end."""
+
+
+def failure_code(error: str | None) -> FailureCode:
+    """The Responses API's ``error.code`` of an output that failed with ``error``."""
+    return "invalid_prompt" if error in _REQUEST_FAULTS else "server_error"
 
 
 PREFILL_ONLY_STEPS = 2

@@ -48,7 +48,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from transformers.generation.continuous_batching.requests import GenerationOutput, RequestStatus
 
 from gpu_worker import metrics, pipelines
-from gpu_worker.engine import Engine, response_of
+from gpu_worker.engine import Engine, failure_code, response_of
 from resq import affinity, faults, keys
 from resq.logs import about
 from resq.recovery.generations import (
@@ -473,7 +473,14 @@ class TokenPublisher:
         cached = self._cached(tracked)
         if output.status == RequestStatus.FAILED or output.error is not None:
             message = output.error or "generation failed"
-            return FinishEntry("error", tracked.prompt_tokens, generated, message, cached_tokens=cached)
+            return FinishEntry(
+                "error",
+                tracked.prompt_tokens,
+                generated,
+                message,
+                cached_tokens=cached,
+                error_code=failure_code(output.error),
+            )
         if tracked.prefill_only:  # its one token was the engine's step, not output
             return FinishEntry("stop", tracked.prompt_tokens, tracked.offset, cached_tokens=cached)
         last = output.generated_tokens[-1] if output.generated_tokens else None

@@ -23,6 +23,9 @@ from resq import jsonutil
 from resq.redis_types import StreamFields
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
+FailureCode = Literal["server_error", "invalid_prompt"]
+"""Why a generation ended ``error``, as the Responses API's ``error.code`` says it: the server's
+fault, or the request's own (a grammar the constrained decoder could not follow to the end)."""
 
 
 class GenerationJob(BaseModel):
@@ -89,6 +92,9 @@ class FinishEntry:
     cached_tokens: int = 0
     """Prompt tokens the engine did not compute: their KV blocks were reused from an earlier request
     (transformers' prefix sharing), as the engine reported it."""
+    error_code: FailureCode = "server_error"
+    """Whose fault an ``error`` finish is (absent from the stream entry when the server's, as in
+    entries of GPU workers older than the field)."""
 
 
 TokenStreamEntry = StartEntry | TokensEntry | FinishEntry
@@ -115,6 +121,8 @@ def encode_entry(entry: TokenStreamEntry) -> StreamFields:
         fields["error"] = entry.error
     if entry.cached_tokens:
         fields["cached_tokens"] = entry.cached_tokens
+    if entry.error_code != "server_error":
+        fields["error_code"] = entry.error_code
     return fields
 
 
@@ -143,5 +151,11 @@ def decode_entry(fields: dict[bytes, bytes]) -> TokenStreamEntry:
             output_tokens=int(fields[b"output_tokens"]),
             error=error.decode() if error is not None else None,
             cached_tokens=int(cached) if cached is not None else 0,
+            error_code=_failure_code(fields.get(b"error_code")),
         )
     raise ValueError(f"unknown token-stream entry type {kind!r}")
+
+
+def _failure_code(raw: bytes | None) -> FailureCode:
+    # An unknown code (a newer GPU worker's) reads as the server's fault rather than failing the read.
+    return "invalid_prompt" if raw == b"invalid_prompt" else "server_error"

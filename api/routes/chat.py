@@ -26,7 +26,8 @@ async def create_chat_completion(
     """Create a chat completion; ``stream`` picks ``chat.completion.chunk`` SSE or one JSON body.
 
     Never stored. A client that hangs up cancels the generation; a generation that fails
-    streams an ``{"error": ...}`` body, or answers 500 with it.
+    streams an ``{"error": ...}`` body, or answers with it: 400 when the request was at fault
+    (its grammar could not be followed to the end), else 500.
     """
     try:
         accepted = await accept(
@@ -41,6 +42,8 @@ async def create_chat_completion(
     final = await final_json(state, accepted, request)
     if final is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    if "error" in jsonutil.loads(final):
-        return raw_json_response(final, status_code=500)
+    failure = jsonutil.loads(final).get("error")
+    if failure is not None:
+        status = 400 if failure.get("type") == "invalid_request_error" else 500
+        return raw_json_response(final, status_code=status)
     return raw_json_response(final)

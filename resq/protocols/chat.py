@@ -31,7 +31,7 @@ from resq.postprocess.segments import (
 )
 from resq.sealed import Sealer
 from resq.status import FinalStatus
-from resq.wire import FinishEntry
+from resq.wire import FailureCode, FinishEntry
 
 CHUNK: Final = types.CHAT_CHUNK
 DONE: Final = types.CHAT_DONE
@@ -50,9 +50,11 @@ def call_id(response_id: str, index: int) -> str:
     return f"call_{response_id.removeprefix('resp_')}_{index}"
 
 
-def error_body(message: str) -> dict[str, Any]:
-    """An OpenAI error envelope for a generation that failed."""
-    return {"error": {"message": message, "type": "server_error", "param": None, "code": "server_error"}}
+def error_body(message: str, code: FailureCode = "server_error") -> dict[str, Any]:
+    """An OpenAI error envelope for a generation that failed: the server's fault, or the request's
+    (``invalid_prompt``: its grammar could not be followed to the end), answered 400 when not streamed."""
+    kind = "invalid_request_error" if code == "invalid_prompt" else "server_error"
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
 
 class ChatProtocol:
@@ -137,7 +139,8 @@ class ChatProtocol:
         if status == "cancelled":
             return jsonutil.dumps(error_body("The completion was cancelled."))
         if status == "failed":
-            return jsonutil.dumps(error_body(finish.error or "The model failed to generate a response."))
+            failure = finish.error or "The model failed to generate a response."
+            return jsonutil.dumps(error_body(failure, finish.error_code))
         message: dict[str, Any] = {
             "role": "assistant",
             "content": "".join(self._content) if self._content or not self._calls else None,

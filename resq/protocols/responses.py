@@ -93,7 +93,7 @@ class ResponsesProtocol:
             response["incomplete_details"] = {"reason": "max_output_tokens"}
         elif status == "failed":
             response["error"] = {
-                "code": "server_error",
+                "code": finish.error_code,
                 "message": finish.error or "The model failed to generate a response.",
             }
         return jsonutil.dumps(response)

@@ -375,18 +375,29 @@ def test_a_grammar_that_fails_while_decoding_fails_the_response(
     tiny_stack: Stack, schema: dict[str, Any]
 ) -> None:
     """Compiling such a grammar could not foresee its failure; the answer can then no longer follow
-    it. The response fails, streamed or not (it once ended "completed" with text that is not JSON)."""
+    it. The response fails, streamed or not (it once ended "completed" with text that is not JSON),
+    as the request's fault: ``invalid_prompt``, and a chat completion's 400 (it was a 500)."""
     client = tiny_stack.client()
     response = client.responses.create(
         model=TINY, input="Answer in JSON.", max_output_tokens=300, text=json_format(schema)
     )
     assert response.status == "failed" and response.error is not None, response
-    assert response.error.code == "server_error" and "grammar" in response.error.message
+    assert response.error.code == "invalid_prompt" and "grammar" in response.error.message
     with client.responses.stream(
         model=TINY, input="Answer in JSON.", max_output_tokens=300, text=json_format(schema)
     ) as stream:
-        events = [event.type for event in stream]
-    assert events[-1] == "response.failed" and "response.completed" not in events
+        events = list(stream)
+    assert events[-1].type == "response.failed" and "response.completed" not in [e.type for e in events]
+    assert events[-1].response.error is not None and events[-1].response.error.code == "invalid_prompt"
+    chat_format = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model=TINY,
+            messages=[{"role": "user", "content": "Answer in JSON."}],
+            max_completion_tokens=300,
+            response_format=chat_format,  # type: ignore[arg-type]
+        )
+    assert refused.value.code == "invalid_prompt" and "grammar" in refused.value.message
 
 
 def test_random_weights_without_the_format_do_not(tiny_stack: Stack) -> None:

@@ -17,7 +17,7 @@ from resq.events.emitter import EncodedEvent
 from resq.options import ProcessingOptions
 from resq.postprocess.processor import ResponseProcessor
 from resq.protocols.chat import call_id
-from resq.wire import FinishEntry, FinishReason, StartEntry, TokensEntry
+from resq.wire import FailureCode, FinishEntry, FinishReason, StartEntry, TokensEntry
 from tests.support.tokenizer import tiny_tokenizer
 from tests.unit.test_parsers import ANSWER, call, expected_reasoning_tokens, random_chunkings
 from tests.unit.test_parsers import tiny_tokenizer as parser_tokenizer
@@ -81,6 +81,7 @@ def run_chat(
     output_tokens: int | None = None,
     error: str | None = None,
     cached_tokens: int = 0,
+    error_code: FailureCode = "server_error",
 ) -> ChatRun:
     """The token stream through a processor; every chunk and the terminal event checked."""
     processor = ResponseProcessor(RESPONSE_ID, TEMPLATE, tokenizer, opts)
@@ -91,7 +92,7 @@ def run_chat(
         encoded += processor.on_entry(TokensEntry(chunk, logprobs))
         position += len(chunk)
     count = position if output_tokens is None else output_tokens
-    encoded += processor.on_entry(FinishEntry(finish, PROMPT_TOKENS, count, error, cached_tokens))
+    encoded += processor.on_entry(FinishEntry(finish, PROMPT_TOKENS, count, error, cached_tokens, error_code))
     finished = processor.final_response()
     terminal = processor.terminal_event(finished.status, finished.response_json)
 
@@ -114,7 +115,8 @@ def run_chat(
     else:
         assert terminal.type == types.CHAT_FAILED
         assert set(final) == {"error"}
-        assert isinstance(final["error"]["message"], str) and final["error"]["type"] == "server_error"
+        kind = "invalid_request_error" if error_code == "invalid_prompt" else "server_error"
+        assert isinstance(final["error"]["message"], str) and final["error"]["type"] == kind
     return ChatRun(encoded, chunks, terminal, final, finished.status, processor)
 
 
@@ -296,6 +298,27 @@ def test_failed_and_cancelled_end_with_an_error_body(engine: FinishReason, messa
     assert result.final["error"]["code"] == "server_error"
     if message is not None:
         assert result.final["error"]["message"] == message
+
+
+def test_a_request_at_fault_ends_with_an_invalid_request_error() -> None:
+    """A grammar the decoder could not follow is the request's fault: the route answers it 400."""
+    tokenizer = tiny_tokenizer()
+    opts = chat_options()
+    result = run_chat(
+        tokenizer,
+        [tokenizer.encode(TEXT)],
+        opts,
+        finish="error",
+        error="grammar",
+        error_code="invalid_prompt",
+    )
+    assert result.status == "failed"
+    assert result.final["error"] == {
+        "message": "grammar",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "invalid_prompt",
+    }
 
 
 def test_cancelled_before_any_token() -> None:

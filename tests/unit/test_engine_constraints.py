@@ -19,7 +19,7 @@ import pytest
 from prometheus_client import REGISTRY
 from transformers.generation.continuous_batching.requests import RequestStatus
 
-from gpu_worker.engine import GRAMMAR_FAILED_ERROR, Engine
+from gpu_worker.engine import GRAMMAR_FAILED_ERROR, Engine, failure_code
 from gpu_worker.model_loading import LoadedModel, load_model
 from gpu_worker.sampling import GRAMMAR_FAILED_TOKEN
 from resq.grammars import AnswerShape, build_grammar
@@ -297,6 +297,7 @@ def test_a_grammar_that_fails_while_decoding_ends_its_request_with_an_error_and_
         results = run_batch(engine, jobs, None, timeout_s=300)
     failed, neighbour = results["resp_grammar_fails"], results["resp_neighbour"]
     assert failed.status == RequestStatus.FAILED and failed.error == GRAMMAR_FAILED_ERROR
+    assert failure_code(failed.error) == "invalid_prompt"  # the request's fault, not the server's
     assert GRAMMAR_FAILED_TOKEN not in failed.generated_tokens
     assert answer(loaded, list(failed.generated_tokens)).startswith('{"a": "')
     assert neighbour.status == RequestStatus.FINISHED
