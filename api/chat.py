@@ -210,6 +210,8 @@ def responses_request(request: ChatCompletionRequest) -> CreateResponseRequest:
         body["reasoning"] = {"effort": request.reasoning_effort}
     if request.logprobs:
         body["include"] = [LOGPROBS_INCLUDE]
+        if request.top_logprobs:
+            body["top_logprobs"] = request.top_logprobs
     try:
         return CreateResponseRequest.model_validate(body)
     except ValidationError as invalid:

@@ -308,10 +308,8 @@ class ChatCompletionRequest(_Strict):
     presence_penalty: float | None = Field(None, ge=-2, le=2, strict=True)
     frequency_penalty: float | None = Field(None, ge=-2, le=2, strict=True)
     logprobs: bool | None = Field(None, strict=True)
-    top_logprobs: Annotated[
-        int | None, WithJsonSchema({"anyOf": [{"type": "integer", "const": 0}, {"type": "null"}]})
-    ] = Field(None, ge=0, le=TOP_LOGPROBS_MAX, strict=True)
-    """Served for 0 only (the sampled token's logprob); higher values are a 400 naming it."""
+    top_logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS_MAX, strict=True)
+    """The most likely tokens at each position, with ``logprobs: true`` (a 400 without it)."""
     tools: list[ChatFunctionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | ChatFunctionToolChoice | None = None
     parallel_tool_calls: bool | None = Field(None, strict=True)
@@ -401,11 +399,10 @@ class ChatCompletionRequest(_Strict):
 
     @field_validator("top_logprobs")
     @classmethod
-    def _sampled_token_only(cls, value: int | None) -> int | None:
-        if value:
-            raise unsupported(
-                "top_logprobs above 0 (the engine reports the sampled token's logprob, no alternatives)"
-            )
+    def _with_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        # As OpenAI's and vLLM's: alternatives come with the logprobs they belong to.
+        if value and not info.data.get("logprobs"):
+            raise ValueError("logprobs must be true when top_logprobs is set")
         return value
 
     @field_validator("stop")

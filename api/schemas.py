@@ -940,15 +940,6 @@ class CreateResponseRequest(_Strict):
                 raise ValueError(f"unknown include {entry!r}; resq serves {served}")
         return value
 
-    @field_validator("top_logprobs")
-    @classmethod
-    def _sampled_token_only(cls, value: int | None) -> int | None:
-        if value:
-            raise unsupported(
-                "top_logprobs above 0 (the engine reports the sampled token's logprob, no alternatives)"
-            )
-        return value
-
     @property
     def conversation_id(self) -> str | None:
         """The id ``conversation`` names (a string or ``{"id"}``), if any."""

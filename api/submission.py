@@ -418,6 +418,8 @@ async def accept(
         top_p=sampling.top_p,
         stop_token_ids=stop_token_ids(tokenizer, plan),
         logprobs=plan.logprobs and not prefill_only,
+        # Alternatives come with the logprobs they belong to (include message.output_text.logprobs).
+        top_logprobs=(request.top_logprobs or 0) if plan.logprobs and not prefill_only else 0,
         grammar=None if prefill_only else grammar,
         presence_penalty=request.presence_penalty or 0.0,
         frequency_penalty=request.frequency_penalty or 0.0,

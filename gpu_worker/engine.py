@@ -60,6 +60,7 @@ from gpu_worker.output_mailbox import OutputMailbox
 from gpu_worker.penalties import Penalties
 from gpu_worker.sampling import GRAMMAR_FAILED_TOKEN, GREEDY_BELOW_TEMPERATURE, NON_FINITE_TOKEN, STEP_FLAGS
 from gpu_worker.seeds import Seeds
+from gpu_worker.top_logprobs import Alternatives, TopLogprobs
 from resq.settings import Settings
 from resq.wire import FailureCode, GenerationJob
 
@@ -136,6 +137,10 @@ class PenaltiesRefusedError(ValueError):
     """A job asks for presence or frequency penalties that this engine's step cannot apply."""
 
 
+class TopLogprobsRefusedError(ValueError):
+    """A job asks for ``top_logprobs`` that this engine's step cannot record."""
+
+
 class Engine:
     """One continuous-batching manager and the admission slots in front of it."""
 
@@ -182,11 +187,16 @@ class Engine:
         """Generated-token counts of penalised requests; None when this engine's step cannot apply them."""
         self.seeds: Seeds | None = None
         """Seeds and output positions of seeded requests; None when this engine's step cannot apply them."""
+        self.top_logprobs: TopLogprobs | None = None
+        """The most likely tokens at each position of the requests that ask; None when this engine's
+        step cannot record them (it does not run eagerly, or it computes no logprobs)."""
         if self._step_runs_eagerly(self._manager.continuous_batching_config):
             self.penalties = Penalties(self._vocab_size)
             self.seeds = Seeds()
+            if settings.logprobs:
+                self.top_logprobs = TopLogprobs()
         self.fused_sampling = sampling_step.enable(
-            self._manager.logit_processor, self.constraints, self.penalties, self.seeds
+            self._manager.logit_processor, self.constraints, self.penalties, self.seeds, self.top_logprobs
         )
         """Whether resq's sampling step replaces transformers' processors (False: an unexpected list)."""
         if not self.fused_sampling:
@@ -194,6 +204,7 @@ class Engine:
             self.constraints = None
             self.penalties = None
             self.seeds = None
+            self.top_logprobs = None
 
     @staticmethod
     def _step_runs_eagerly(resolved: ContinuousBatchingConfig) -> bool:
@@ -284,6 +295,12 @@ class Engine:
                 "this GPU worker does not apply presence_penalty or frequency_penalty "
                 "(its engine step runs in a CUDA graph, compiled or batched ahead)"
             )
+        wants_alternatives = job.logprobs and job.top_logprobs > 0 and not job.prefill_only
+        if wants_alternatives and self.top_logprobs is None:
+            raise TopLogprobsRefusedError(
+                "this GPU worker does not compute top_logprobs (RESQ_LOGPROBS is off, or its engine "
+                "step runs in a CUDA graph, compiled or batched ahead)"
+            )
         if job.grammar is not None and self.constraints is not None:
             # A greedy row, or one drawn from its whole distribution, is checked after its choice.
             checkable = job.temperature < GREEDY_BELOW_TEMPERATURE or job.top_p >= 1.0
@@ -291,6 +308,8 @@ class Engine:
         if penalised and self.penalties is not None:
             # Before add_request: the engine may schedule the request's first step at once.
             self.penalties.add(request_id, job.frequency_penalty, job.presence_penalty, generated or [])
+        if wants_alternatives and self.top_logprobs is not None:
+            self.top_logprobs.add(request_id, job.top_logprobs)
         if job.seed is not None:
             if self.seeds is not None:
                 self.seeds.add(request_id, job.seed, len(generated or []))
@@ -336,6 +355,15 @@ class Engine:
             self.penalties.forget(request_id)
         if self.seeds is not None:
             self.seeds.forget(request_id)
+        if self.top_logprobs is not None:
+            self.top_logprobs.forget(request_id)
+
+    def alternatives(self, request_id: str, start: int, stop: int) -> list[Alternatives] | None:
+        """The most likely tokens at output positions ``start`` to ``stop`` of ``request_id`` (this
+        engine copy's), once each; None when it does not ask for them (:mod:`gpu_worker.top_logprobs`)."""
+        if self.top_logprobs is None:
+            return None
+        return self.top_logprobs.take(request_id, start, stop)
 
     def cached_tokens(self, request_id: str) -> int:
         """Prompt tokens of ``request_id`` whose KV blocks the engine reused instead of computing."""

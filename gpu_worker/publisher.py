@@ -85,6 +85,8 @@ class _Tracked:
     logprobs: bool = False
     published: int = 0
     """Tokens of this worker's engine output already appended."""
+    top_logprobs: bool = False
+    """Its tokens go out with the most likely tokens at their positions (the engine's record)."""
     start_pending: bool = False
     """The start entry is still to be appended (ahead of any token)."""
     ended: bool = False
@@ -157,11 +159,13 @@ class TokenPublisher:
         request_id: str | None = None,
         affinity_keys: Iterable[str] = (),
         prefill_only: bool = False,
+        top_logprobs: bool = False,
     ) -> None:
         """Track a request the engine is about to take as ``request_id`` (default: the response id);
         its start entry, if missing, goes out with the next step, and this worker becomes the
         affinity of ``affinity_keys`` in the same round. ``prefill_only``: publish none of its
-        tokens, only its end (a prewarm).
+        tokens, only its end (a prewarm). ``top_logprobs``: publish the most likely tokens at each
+        position with its logprobs.
 
         A copy of an earlier claim of the same response still tracked here (this worker froze,
         lost the claim, and claimed the job again on waking) is stopped in the engine: its
@@ -178,6 +182,7 @@ class TokenPublisher:
             start_pending=plan.publish_start,
             affinity_pending=tuple(affinity_keys),
             prefill_only=prefill_only,
+            top_logprobs=top_logprobs,
         )
         with self._lock:
             superseded = self._tracked.get(response_id)
@@ -340,9 +345,14 @@ class TokenPublisher:
             new_tokens = [] if tracked.prefill_only else list(output.generated_tokens[tracked.published :])
             if new_tokens:
                 logprobs = None
+                alternatives = None
                 if tracked.logprobs and len(output.logprobs) == len(output.generated_tokens):
                     logprobs = list(output.logprobs[tracked.published :])
-                chunk = TokensEntry(new_tokens, logprobs, start=tracked.total)
+                    if tracked.top_logprobs:
+                        alternatives = self._engine.alternatives(
+                            request_id, tracked.published, tracked.published + len(new_tokens)
+                        )
+                chunk = TokensEntry(new_tokens, logprobs, start=tracked.total, top_logprobs=alternatives)
                 check = round_due and not output.is_finished()
                 self._generations.publish(
                     pipe, response_id, tracked.fence, chunk, tracked.total, check_cancel=check

@@ -43,10 +43,19 @@ class _LogitsTap:
         return output
 
 
+def raw_distribution(logits: torch.Tensor) -> torch.Tensor:
+    """``log_softmax(logits)`` per row, in float32: the model's own log-probabilities."""
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
 def chosen_token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """``log_softmax(logits)[row, tokens[row]]`` per row (float32)."""
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    return logprobs.gather(1, tokens.long().unsqueeze(1)).squeeze(1)
+    return token_logprobs(raw_distribution(logits), tokens)
+
+
+def token_logprobs(distribution: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """``distribution[row, tokens[row]]`` per row, ``distribution`` from :func:`raw_distribution`."""
+    return distribution.gather(1, tokens.long().unsqueeze(1)).squeeze(1)
 
 
 def install() -> None:

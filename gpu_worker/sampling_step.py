@@ -15,7 +15,8 @@ from the same argument rows: a request with ``top_k == 1`` is greedy (how the
 engine asks for ``temperature: 0``), any other is drawn with its temperature and
 top-p (top-k is otherwise unused by resq). With ``return_logprobs`` it also
 writes each chosen token's logprob under the model's raw distribution, as
-:mod:`gpu_worker.raw_logprobs` does for the unfused step. Runners that were not
+:mod:`gpu_worker.raw_logprobs` does for the unfused step, and records the most likely
+tokens of the rows whose requests ask for them (:mod:`gpu_worker.top_logprobs`). Runners that were not
 marked (a processor list resq did not expect) run transformers' step unchanged.
 
 When the step is captured in a CUDA graph or compiled (``runner.pad_inputs``),
@@ -68,10 +69,11 @@ from transformers.generation.continuous_batching.input_outputs import Continuous
 
 from gpu_worker.constraints import ConstrainedRows, GrammarConstraints
 from gpu_worker.penalties import Penalties
-from gpu_worker.raw_logprobs import chosen_token_logprobs
+from gpu_worker.raw_logprobs import raw_distribution, token_logprobs
 from gpu_worker.runner_step import Step, wrap_step
 from gpu_worker.sampling import GRAMMAR_FAILED_TOKEN, NON_FINITE_TOKEN, STEP_FLAGS, Choice, choose
 from gpu_worker.seeds import SeededRow, Seeds
+from gpu_worker.top_logprobs import TopLogprobs
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +82,7 @@ _PLAN = "_resq_sampling_rows"
 _CONSTRAINTS = "_resq_constraints"
 _PENALTIES = "_resq_penalties"
 _SEEDS = "_resq_seeds"
+_TOP_LOGPROBS = "_resq_top_logprobs"
 
 
 @dataclass(frozen=True)
@@ -114,9 +117,10 @@ def enable(
     constraints: GrammarConstraints | None = None,
     penalties: Penalties | None = None,
     seeds: Seeds | None = None,
+    top_logprobs: TopLogprobs | None = None,
 ) -> bool:
     """Let the runners that use ``processors`` sample with resq's step (with ``constraints``,
-    ``penalties`` and ``seeds``); False when it cannot."""
+    ``penalties``, ``seeds`` and ``top_logprobs``); False when it cannot."""
     rows = argument_rows(processors)
     if rows is None:
         log.warning(
@@ -128,6 +132,7 @@ def enable(
     setattr(processors, _CONSTRAINTS, constraints)
     setattr(processors, _PENALTIES, penalties)
     setattr(processors, _SEEDS, seeds)
+    setattr(processors, _TOP_LOGPROBS, top_logprobs)
     return True
 
 
@@ -223,13 +228,16 @@ def install() -> None:
             constraints: GrammarConstraints | None = getattr(self.logit_processor, _CONSTRAINTS, None)
             penalties: Penalties | None = getattr(self.logit_processor, _PENALTIES, None)
             seeds: Seeds | None = getattr(self.logit_processor, _SEEDS, None)
+            top: TopLogprobs | None = getattr(self.logit_processor, _TOP_LOGPROBS, None)
             constrained = None
             penalised = None
             seeded = None
+            top_rows = None
             if (
                 (constraints is not None and len(constraints))
                 or (penalties is not None and len(penalties))
                 or (seeds is not None and len(seeds))
+                or (top is not None and len(top))
             ):
                 row_request_ids = _row_request_ids(self)
                 if constraints is not None and len(constraints):
@@ -238,6 +246,8 @@ def install() -> None:
                     penalised = penalties.rows(row_request_ids, output_ids.device)
                 if seeds is not None and len(seeds):
                     seeded = seeds.rows(row_request_ids)
+                if top is not None and len(top):
+                    top_rows = top.rows(row_request_ids, output_ids.device)
             # As transformers' step (model_runner.py, 5.x), up to the processed logits.
             self.inputs_and_outputs.carry_over_tokens(
                 batch_data["input_ids"], carry_over_ids, prev_output_ids
@@ -277,8 +287,11 @@ def install() -> None:
             count = tokens.shape[0]
             output_ids[0, :count].copy_(reported)
             if self.return_logprobs:
-                logprobs = chosen_token_logprobs(logits, tokens)
+                distribution = raw_distribution(logits)
+                logprobs = token_logprobs(distribution, tokens)
                 output_ids[1, :count].copy_(logprobs.view(dtype=torch.int32))
+                if top is not None and top_rows is not None:
+                    top.record(top_rows, distribution)
 
         return forward_process_and_sample
 

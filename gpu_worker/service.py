@@ -160,6 +160,7 @@ class GenerationService:
             # The next turn of this prefix comes here while this worker's cache holds it.
             affinity_keys=job.affinity_keys,
             prefill_only=job.prefill_only,
+            top_logprobs=job.logprobs and job.top_logprobs > 0,
         )
         metrics.PROMPT_TOKENS.inc(len(job.prompt_token_ids) if not plan.already_generated else 0)
         log.info(

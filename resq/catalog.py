@@ -170,6 +170,11 @@ class TextTokenizer:
         except KeyError:
             return None
 
+    def spelling(self, token_id: int) -> str:
+        """How ``token_id`` reads on its own, special tokens included (``<|im_end|>``); empty for an
+        id outside the vocabulary (a model's logits may be padded past it)."""
+        return str(self.tokenizer.decode([token_id], skip_special_tokens=False))
+
     @cached_property
     def _added_tokens(self) -> dict[int, bytes]:
         # Special tokens never reach the text (decoding skips them): they stand for no bytes.

@@ -49,6 +49,9 @@ class GenerationJob(BaseModel):
     """Tokens that end this request, besides the model's end-of-sequence tokens."""
     logprobs: bool = False
     """Publish each sampled token's log-probability with the tokens."""
+    top_logprobs: int = Field(0, ge=0, le=20)
+    """With ``logprobs``: also publish, for each token, this many most likely tokens at its position
+    and their log-probabilities (:mod:`gpu_worker.top_logprobs`); 0: none."""
     grammar: str | None = None
     """The llguidance grammar every generated token must follow (:mod:`resq.grammars`); None: free."""
     seed: int | None = None
@@ -79,6 +82,9 @@ class TokensEntry:
     start: int | None = None
     """How many tokens of the output precede these (the first one's position); None in
     entries of GPU workers older than the field (a reader then trusts the stream's order)."""
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    """For each token, the most likely tokens at its position, (token id, logprob), most likely
+    first; None when the request asks for none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +114,8 @@ def encode_entry(entry: TokenStreamEntry) -> StreamFields:
             fields["logprobs"] = jsonutil.dumps(entry.logprobs)
         if entry.start is not None:
             fields["start"] = entry.start
+        if entry.top_logprobs is not None:
+            fields["top"] = jsonutil.dumps(entry.top_logprobs)
         return fields
     if isinstance(entry, StartEntry):
         return {"type": "start", "prompt_tokens": entry.prompt_tokens}
@@ -132,10 +140,16 @@ def decode_entry(fields: dict[bytes, bytes]) -> TokenStreamEntry:
     if kind == b"tokens":
         logprobs = fields.get(b"logprobs")
         start = fields.get(b"start")
+        top = fields.get(b"top")
         return TokensEntry(
             token_ids=jsonutil.loads(fields[b"ids"]),
             logprobs=jsonutil.loads(logprobs) if logprobs is not None else None,
             start=int(start) if start is not None else None,
+            top_logprobs=(
+                [[(int(token), float(logprob)) for token, logprob in row] for row in jsonutil.loads(top)]
+                if top is not None
+                else None
+            ),
         )
     if kind == b"start":
         return StartEntry(prompt_tokens=int(fields[b"prompt_tokens"]))

@@ -1,12 +1,14 @@
-"""What ``RESQ_LOGPROBS`` costs the engine: decode throughput with logprobs off and on.
+"""What ``RESQ_LOGPROBS`` and ``top_logprobs`` cost the engine: decode throughput with logprobs
+off, on, and on with every request asking for its top ``--top`` alternatives.
 
 Runs resq's own :class:`gpu_worker.engine.Engine` in-process (no Redis, no API), with
-N concurrent greedy requests of a fixed length, alternating A/B rounds (off, on, off,
-on, ...) so that load drifting on a shared machine hits both alike, and prints the
-median tokens/s of each and the ratio.
+N concurrent greedy requests of a fixed length, alternating rounds (off, on, top, off, on,
+top, ...) so that load drifting on a shared machine hits all alike, and prints the
+median tokens/s of each and the medians of the per-round ratios, each round's ratio beside.
 
-    .venv/bin/python scripts/bench_logprobs.py                 # both models, 8 clients
-    .venv/bin/python scripts/bench_logprobs.py --model wide --clients 32 --rounds 7
+    .venv/bin/python scripts/bench_logprobs.py                 # both models, 8 clients, top 20
+    .venv/bin/python scripts/bench_logprobs.py --model wide --clients 32 --rounds 7 --top 5
+    .venv/bin/python scripts/bench_logprobs.py --top 0         # off and on only
 
 Models: ``builtin`` (the 2-layer built-in model, vocabulary 2,048) and ``wide`` (random
 weights, 2 layers of width 256, but Qwen3's vocabulary of 151,936: the logprob cost is
@@ -53,8 +55,11 @@ def load(name: str, settings: Settings) -> LoadedModel:
     return replace(builtin, model=model)
 
 
-def run_round(loaded: LoadedModel, settings: Settings, clients: int, tokens: int, logprobs: bool) -> float:
-    """Decode ``clients`` x ``tokens`` tokens; return output tokens per second."""
+def run_round(
+    loaded: LoadedModel, settings: Settings, clients: int, tokens: int, logprobs: bool, top: int = 0
+) -> float:
+    """Decode ``clients`` x ``tokens`` tokens (each asking for ``top`` alternatives); return output
+    tokens per second."""
     engine = Engine(loaded, settings.model_copy(update={"logprobs": logprobs}))
     engine.start()
     try:
@@ -69,6 +74,7 @@ def run_round(loaded: LoadedModel, settings: Settings, clients: int, tokens: int
                 # No end token: every request runs to its full length.
                 stop_token_ids=[],
                 logprobs=logprobs,
+                top_logprobs=top,
             )
             for index in range(clients)
         ]
@@ -85,6 +91,10 @@ def run_round(loaded: LoadedModel, settings: Settings, clients: int, tokens: int
                     finished.add(output.request_id)
                     if logprobs:
                         assert len(output.logprobs) == len(output.generated_tokens)
+                    if top:  # taken as the publisher takes them, once the tokens are out
+                        count = len(output.generated_tokens)
+                        alternatives = engine.alternatives(output.request_id, 0, count)
+                        assert alternatives is not None and len(alternatives) == count
         elapsed = time.perf_counter() - started
         return sum(produced.values()) / elapsed
     finally:
@@ -100,6 +110,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--top", type=int, default=20, help="top_logprobs of the third variant; 0: none")
     args = parser.parse_args()
     settings = Settings(kv_cache_tokens=8192, max_batch=max(args.clients, 1))
     models = ["builtin", "wide"] if args.model == "both" else [args.model]
@@ -107,18 +118,31 @@ def main() -> None:
         f"device {load('builtin', settings).device}, torch {torch.__version__}, threads {torch.get_num_threads()}"
     )
     print(f"{args.clients} clients x {args.tokens} tokens, greedy, {args.rounds} rounds each (alternating)\n")
-    print("| model | logprobs off (tok/s) | logprobs on (tok/s) | on / off |")
-    print("|---|---|---|---|")
+    top_columns = f" top {args.top} (tok/s) | top / on, per round |" if args.top else ""
+    print(f"| model | logprobs off (tok/s) | logprobs on (tok/s) | on / off, per round |{top_columns}")
+    print("|---|---|---|---|" + ("---|---|" if args.top else ""))
     for name in models:
         loaded = load(name, settings)
         run_round(loaded, settings, args.clients, 8, False)  # warm-up
+        run_round(loaded, settings, args.clients, 8, True, args.top)
         off: list[float] = []
         on: list[float] = []
+        top: list[float] = []
         for _ in range(args.rounds):
             off.append(run_round(loaded, settings, args.clients, args.tokens, False))
             on.append(run_round(loaded, settings, args.clients, args.tokens, True))
-        median_off, median_on = statistics.median(off), statistics.median(on)
-        print(f"| {name} | {median_off:.0f} | {median_on:.0f} | {median_on / median_off:.3f} |", flush=True)
+            if args.top:
+                top.append(run_round(loaded, settings, args.clients, args.tokens, True, args.top))
+        row = f"| {name} | {statistics.median(off):.0f} | {statistics.median(on):.0f} | {paired(on, off)} |"
+        if args.top:
+            row += f" {statistics.median(top):.0f} | {paired(top, on)} |"
+        print(row, flush=True)
+
+
+def paired(new: list[float], base: list[float]) -> str:
+    """The median of the per-round ratios, after each round's ratio."""
+    ratios = [a / b for a, b in zip(new, base, strict=True)]
+    return f"{', '.join(f'{r:.2f}' for r in ratios)} -> **{statistics.median(ratios):.2f}x**"
 
 
 if __name__ == "__main__":

@@ -149,9 +149,16 @@ def content_part_done(item_id: str, output_index: int, content_index: int, part:
 
 
 def _event_logprobs(logprobs: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-    """Logprob entries as text events carry them: without the ``bytes`` only parts have."""
+    """Logprob entries as text events carry them: without the ``bytes`` only parts have (nor do
+    their ``top_logprobs``)."""
     return [
-        {"token": entry["token"], "logprob": entry["logprob"], "top_logprobs": entry["top_logprobs"]}
+        {
+            "token": entry["token"],
+            "logprob": entry["logprob"],
+            "top_logprobs": [
+                {"token": top["token"], "logprob": top["logprob"]} for top in entry["top_logprobs"]
+            ],
+        }
         for entry in logprobs or []
     ]
 

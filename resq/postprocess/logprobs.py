@@ -8,8 +8,12 @@ characters overlap it, each token once, in order. Tokens that show in no text
 (tags, reasoning, call JSON) get no entry; a token partly in the text (``"\\n\\nThe"``
 after ``</think>``, whose newlines were dropped) is reported whole.
 
-An entry is ``{"token", "bytes", "logprob", "top_logprobs": []}`` as the SDK's
-``output_text`` logprobs read. ``bytes`` are the token's own bytes where the
+An entry is ``{"token", "bytes", "logprob", "top_logprobs"}`` as the SDK's
+``output_text`` logprobs read; ``top_logprobs`` lists the most likely tokens at the
+token's position, each ``{"token", "bytes", "logprob"}``, when the request asked for them
+(``top_logprobs``), else it is empty. An alternative that is a special token (the end of
+the answer, most often) shows its own spelling, ``<|im_end|>``, where the sampled token
+shows none: it never reaches the text. ``bytes`` are the token's own bytes where the
 vocabulary knows them exactly (byte-level BPE): a token holding half of a UTF-8
 character has its half, and ``token`` is those bytes with the invalid ones
 backslash-escaped. The bytes of a text's entries then add up to the text (when no
@@ -37,6 +41,7 @@ class _Token:
     token_id: int
     text: str
     logprob: float
+    alternatives: list[tuple[int, float]] | None
 
 
 class LogprobAligner:
@@ -46,12 +51,20 @@ class LogprobAligner:
         self._tokenizer = tokenizer
         self._pending: deque[_Token] = deque()
 
-    def add_token(self, start: int, token_id: int, text: str, logprob: float) -> None:
-        """A sampled token whose decoded ``text`` starts at output offset ``start``."""
+    def add_token(
+        self,
+        start: int,
+        token_id: int,
+        text: str,
+        logprob: float,
+        alternatives: list[tuple[int, float]] | None = None,
+    ) -> None:
+        """A sampled token whose decoded ``text`` starts at output offset ``start``; ``alternatives``:
+        the most likely tokens at its position, (token id, logprob), when the request asked."""
         # A token that decodes to nothing yet (the first bytes of a character) belongs to the
         # character its bytes start: the next one.
         end = start + len(text) if text else start + 1
-        self._pending.append(_Token(start, end, token_id, text, logprob))
+        self._pending.append(_Token(start, end, token_id, text, logprob, alternatives))
 
     def attach(self, segments: list[Segment]) -> list[Segment]:
         """``segments`` with the logprobs of their tokens on every text segment."""
@@ -78,10 +91,23 @@ class LogprobAligner:
         data = self._tokenizer.token_bytes(token.token_id)
         if data is None:
             data = token.text.encode()
-        logprob = token.logprob if math.isfinite(token.logprob) else LOWEST_LOGPROB
         return {
             "token": data.decode("utf-8", errors="backslashreplace"),
             "bytes": list(data),
-            "logprob": logprob,
-            "top_logprobs": [],
+            "logprob": _finite(token.logprob),
+            "top_logprobs": [
+                self._alternative(token_id, logprob) for token_id, logprob in token.alternatives or ()
+            ],
         }
+
+    def _alternative(self, token_id: int, logprob: float) -> dict[str, Any]:
+        data = self._tokenizer.token_bytes(token_id) or self._tokenizer.spelling(token_id).encode()
+        return {
+            "token": data.decode("utf-8", errors="backslashreplace"),
+            "bytes": list(data),
+            "logprob": _finite(logprob),
+        }
+
+
+def _finite(logprob: float) -> float:
+    return logprob if math.isfinite(logprob) else LOWEST_LOGPROB

@@ -112,7 +112,9 @@ class ResponseProcessor:
                 # see them as output, the counts and logprobs as the prompt they were.
                 forced, self._forced_prefix_ids = self._forced_prefix_ids, []
                 events += self._segments_to_events(self._feed(forced, None, sampled=False))
-            events += self._segments_to_events(self._feed(entry.token_ids, entry.logprobs))
+            events += self._segments_to_events(
+                self._feed(entry.token_ids, entry.logprobs, alternatives=entry.top_logprobs)
+            )
         elif isinstance(entry, FinishEntry):
             if self._sampled_at_stop is not None and entry.finish_reason != "error":
                 entry = dataclasses.replace(entry, output_tokens=self._sampled_at_stop)
@@ -157,7 +159,12 @@ class ResponseProcessor:
         return self._with_logprobs(segments)
 
     def _feed(
-        self, token_ids: list[int], logprobs: list[float] | None, *, sampled: bool = True
+        self,
+        token_ids: list[int],
+        logprobs: list[float] | None,
+        *,
+        sampled: bool = True,
+        alternatives: list[list[tuple[int, float]]] | None = None,
     ) -> list[Segment]:
         if self.stopped_early:
             return []  # the answer ended at a stop sequence: what the engine wrote after is not shown
@@ -178,7 +185,8 @@ class ResponseProcessor:
         for index, token_id in enumerate(token_ids):
             text = self._detokenizer.feed([token_id])
             if aligner is not None and sampled and logprobs is not None and index < len(logprobs):
-                aligner.add_token(self._output_length, token_id, text, logprobs[index])
+                top = alternatives[index] if alternatives is not None and index < len(alternatives) else None
+                aligner.add_token(self._output_length, token_id, text, logprobs[index], top)
             self._output_length += len(text)
             if sampled:
                 self._sampled += 1

@@ -18,6 +18,9 @@
 // - tools: one generateText with a get_weather tool the SDK executes, two steps;
 // - structured: `output: Output.object({schema})` (sent as `text.format` json_schema), through
 //   generateText and through streamText;
+// - logprobs: `providerOptions.openai.logprobs` true (the SDK sends `top_logprobs: 20`) through
+//   generateText and 3 through streamText, the SDK's parsed logprobs read from
+//   `providerMetadata.openai.logprobs`;
 // - reasoning / reasoning-unstored: two generateText turns on the fixture model's reasoning
 //   prompt, its reasoning shown from summaries (`reasoningSummary`, `forceReasoning` for a model
 //   id the SDK does not know), with `store` true (the second turn sends references) and false
@@ -39,7 +42,7 @@ const { values: args } = parseArgs({
   },
 });
 if (!args["base-url"] || !args.model) {
-  console.error("usage: node vercel_chat.mjs --base-url URL --model NAME [--api-key KEY] [--only chained,generate,stream,tools,structured,reasoning,reasoning-unstored] [--sdk 7|6]");
+  console.error("usage: node vercel_chat.mjs --base-url URL --model NAME [--api-key KEY] [--only chained,generate,stream,tools,structured,logprobs,reasoning,reasoning-unstored] [--sdk 7|6]");
   process.exit(2);
 }
 const PACKAGES = { 7: ["ai", "@ai-sdk/openai"], 6: ["ai-v6", "@ai-sdk/openai-v3"] };
@@ -193,6 +196,22 @@ async function reasoningChat(store) {
   };
 }
 
+async function logprobsAnswer() {
+  const ask = (logprobs) => ({ model, prompt: "Say hello.", providerOptions: { openai: { logprobs } }, ...settings });
+  const generated = await generateText(ask(true));
+  let failure = null;
+  const streamed = streamText({ ...ask(3), onError: ({ error }) => { failure = error; } });
+  let text = "";
+  for await (const delta of streamed.textStream) text += delta;
+  if (failure) throw failure;
+  const [metadata, request] = await Promise.all([streamed.providerMetadata, streamed.request]);
+  const sent = (body) => ({ topLogprobs: body?.top_logprobs ?? null, include: body?.include ?? null });
+  return {
+    generate: { text: generated.text, logprobs: generated.providerMetadata?.openai?.logprobs ?? null, ...sent(sentBody(generated.request)) },
+    stream: { text, logprobs: metadata?.openai?.logprobs ?? null, ...sent(sentBody(request)) },
+  };
+}
+
 async function chainedChat() {
   const first = await generateText({ model, messages: [{ role: "user", content: "My name is Ada." }], ...settings });
   // Only the new message, the first turn by `previousResponseId` (the provider's option).
@@ -215,6 +234,7 @@ const runs = {
   stream: streamChat,
   tools: toolChat,
   structured: structuredAnswer,
+  logprobs: logprobsAnswer,
   reasoning: () => reasoningChat(true),
   "reasoning-unstored": () => reasoningChat(false),
 };

@@ -265,6 +265,29 @@ def test_logprobs_cover_the_content_token_by_token(client: OpenAI) -> None:
     assert [entry["token"] for entry in streamed] == [entry.token for entry in choice.logprobs.content]
 
 
+def test_top_logprobs_list_each_positions_most_likely_tokens(client: OpenAI) -> None:
+    completion = client.chat.completions.create(
+        model=MODEL, messages=messages("hello"), temperature=0, logprobs=True, top_logprobs=3
+    )
+    choice = completion.choices[0]
+    assert choice.logprobs is not None and choice.logprobs.content
+    for entry in choice.logprobs.content:
+        values = [top.logprob for top in entry.top_logprobs]
+        assert len(values) == 3 and values == sorted(values, reverse=True)
+        assert (entry.top_logprobs[0].token, entry.top_logprobs[0].bytes) == (entry.token, entry.bytes)
+        assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob, abs=1e-4)
+    chunks = stream_chunks(client, messages=messages("hello"), temperature=0, logprobs=True, top_logprobs=3)
+    streamed = [
+        entry
+        for chunk in chunks
+        if chunk["choices"] and chunk["choices"][0]["logprobs"]
+        for entry in chunk["choices"][0]["logprobs"]["content"]
+    ]
+    assert [entry["top_logprobs"] for entry in streamed] == [
+        [top.model_dump() for top in entry.top_logprobs] for entry in choice.logprobs.content
+    ]
+
+
 def test_stop_sequences_end_the_answer_before_them(client: OpenAI, fixture_model_dir: Path) -> None:
     full = scenario("count").completion  # "1 2 3 ... 20"
     completion = client.chat.completions.create(
@@ -339,7 +362,8 @@ def test_response_format_json_schema_and_parse(client: OpenAI) -> None:
         ({"store": True}, "store", "unsupported_parameter"),
         ({"metadata": {"a": "b"}}, "metadata", "unsupported_parameter"),
         ({"logit_bias": {"1": 5}}, "logit_bias", "unsupported_parameter"),
-        ({"top_logprobs": 2, "logprobs": True}, "top_logprobs", "unsupported_parameter"),
+        ({"top_logprobs": 2}, "top_logprobs", "invalid_value"),  # without logprobs: true
+        ({"top_logprobs": 21, "logprobs": True}, "top_logprobs", "invalid_value"),
         ({"max_tokens": 0}, "max_tokens", "invalid_value"),
         ({"temperature": 3}, "temperature", "invalid_value"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "invalid_value"),

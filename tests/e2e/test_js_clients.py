@@ -183,6 +183,28 @@ def test_vercel_structured_output_follows_the_schema(node: str, stack: Stack, sd
 
 
 @pytest.mark.parametrize("sdk", VERCEL_MAJORS)
+def test_vercel_logprobs_with_their_alternatives(node: str, stack: Stack, sdk: str) -> None:
+    """``providerOptions.openai.logprobs``: true sends ``top_logprobs: 20`` (a 400 until resq served
+    alternatives), a number that many; the SDK parses the entries into its provider metadata."""
+    answer = vercel(node, stack, "logprobs", sdk)
+    hello = scenario("hello").completion
+    for way, count in (("generate", 20), ("stream", 3)):
+        got = answer[way]
+        assert got["topLogprobs"] == count and got["include"] == ["message.output_text.logprobs"]
+        assert got["text"] == hello
+        # One list per text part (generateText) or per delta (streamText).
+        entries = [entry for part in got["logprobs"] for entry in part]
+        assert "".join(entry["token"] for entry in entries) == hello
+        for entry in entries:
+            tops = entry["top_logprobs"]
+            values = [top["logprob"] for top in tops]
+            assert len(tops) == count and values == sorted(values, reverse=True)
+            # Greedy (the script's temperature 0): the token is its position's most likely one.
+            assert tops[0]["token"] == entry["token"]
+            assert tops[0]["logprob"] == pytest.approx(entry["logprob"], abs=1e-4)
+
+
+@pytest.mark.parametrize("sdk", VERCEL_MAJORS)
 @pytest.mark.parametrize("run", ["reasoning", "reasoning-unstored"])
 def test_vercel_reasoning_shows_and_goes_back(node: str, stack: Stack, run: str, sdk: str) -> None:
     """Reasoning shown from its summary, and sent back on the next turn: by reference when

@@ -7,6 +7,7 @@ every test runs against both post-processing modes, with the strict SDK client.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import httpx
@@ -346,6 +347,49 @@ def test_logprobs_on_text_parts_and_deltas(client: OpenAI, fixture_model_dir: An
     assert plain["output"][0]["content"][0]["logprobs"] == []
 
 
+def check_alternatives(entries: list[dict[str, Any]], count: int, *, greedy: bool) -> None:
+    """Each entry lists ``count`` alternatives, most likely first, its own token first when greedy."""
+    assert entries
+    for entry in entries:
+        tops = entry["top_logprobs"]
+        values = [top["logprob"] for top in tops]
+        assert len(tops) == count and values == sorted(values, reverse=True) and values[0] <= 0
+        assert math.fsum(math.exp(value) for value in values) <= 1 + 1e-4
+        assert entry["logprob"] <= values[0] + 1e-4
+        if greedy:
+            assert (tops[0]["token"], tops[0]["bytes"]) == (entry["token"], entry["bytes"])
+            assert tops[0]["logprob"] == pytest.approx(entry["logprob"], abs=1e-4)
+
+
+def test_top_logprobs_list_each_positions_most_likely_tokens(client: OpenAI) -> None:
+    """What the Vercel AI SDK sends for ``providerOptions.openai.logprobs: true``: top_logprobs 20 with
+    the logprobs include (it was a 400)."""
+    include = ["message.output_text.logprobs"]
+    events, final = stream(client, input="Say hello.", temperature=0, include=include, top_logprobs=20)
+    assert output_text(final) == scenario("hello").completion and final["top_logprobs"] == 20
+    logprobs = final["output"][0]["content"][0]["logprobs"]
+    check_alternatives(logprobs, 20, greedy=True)
+    # The deltas carry the same alternatives without their bytes, as the SDK types them.
+    streamed = [
+        entry
+        for event in events
+        if event["type"] == "response.output_text.delta"
+        for entry in event["logprobs"]
+    ]
+    assert [entry["top_logprobs"] for entry in streamed] == [
+        [{"token": top["token"], "logprob": top["logprob"]} for top in entry["top_logprobs"]]
+        for entry in logprobs
+    ]
+    drawn = create(
+        client, input="Say hello.", temperature=1.0, include=include, top_logprobs=2, max_output_tokens=24
+    )
+    messages = [item for item in drawn["output"] if item["type"] == "message"]
+    check_alternatives(messages[0]["content"][0]["logprobs"], 2, greedy=False)
+    # Without the include there are no logprobs to list them on.
+    plain = create(client, input="Say hello.", temperature=0, top_logprobs=5)
+    assert plain["output"][0]["content"][0]["logprobs"] == [] and plain["top_logprobs"] == 5
+
+
 def test_logprobs_cover_only_the_answer_text(client: OpenAI) -> None:
     include = ["message.output_text.logprobs"]
     _, final = stream(client, input="Say something in Japanese.", temperature=0, include=include)
@@ -368,7 +412,6 @@ def test_logprobs_cover_only_the_answer_text(client: OpenAI) -> None:
     ("extra", "param", "code"),
     [
         ({"include": ["no.such.thing"]}, "include", "invalid_value"),
-        ({"top_logprobs": 5}, "top_logprobs", "unsupported_parameter"),
         ({"top_logprobs": 21}, "top_logprobs", "invalid_value"),
         ({"truncation": "sometimes"}, "truncation", "invalid_value"),
         ({"reasoning": {"summary": "brief"}}, "reasoning.summary", "invalid_value"),

@@ -94,6 +94,48 @@ def test_logprobs_are_the_models_not_the_samplers(
     assert min(output.logprobs) < -0.1
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_top_logprobs_are_the_models_most_likely_tokens(
+    engine: Engine, loaded: LoadedModel, temperature: float
+) -> None:
+    """Each position's alternatives are ``topk(log_softmax(logits))`` of a plain forward pass, the
+    sampler's settings aside; a neighbour asking for fewer (and one asking for none) run beside."""
+    prompt_ids = free_prompt(loaded)
+    asked = job(
+        f"resp_top_{temperature}",
+        prompt_ids,
+        temperature=temperature,
+        top_p=0.5,
+        logprobs=True,
+        top_logprobs=5,
+    )
+    fewer = job(f"resp_top_fewer_{temperature}", prompt_ids, logprobs=True, top_logprobs=2)
+    for neighbour in (fewer, job(f"resp_top_none_{temperature}", prompt_ids, logprobs=True)):
+        assert engine.acquire_slot(5)
+        engine.add(neighbour)
+    try:
+        output = generate(engine, asked)
+    finally:
+        for _ in range(2):
+            engine.release_slot()
+    generated = list(output.generated_tokens)
+    alternatives = engine.alternatives(asked.response_id, 0, len(generated))
+    assert alternatives is not None and len(alternatives) == len(generated) > 5
+    ids = torch.tensor([prompt_ids + generated])
+    with torch.no_grad():
+        logits = loaded.model(input_ids=ids).logits[0].float()
+    rows = torch.log_softmax(logits[len(prompt_ids) - 1 : len(prompt_ids) - 1 + len(generated)], dim=-1)
+    expected_values, expected_ids = torch.topk(rows, 5, dim=-1)
+    for position, found in enumerate(alternatives):
+        assert [token for token, _ in found] == expected_ids[position].tolist(), position
+        assert [value for _, value in found] == pytest.approx(expected_values[position].tolist(), abs=2e-3)
+        assert output.logprobs[position] <= found[0][1] + 1e-4
+    # Handed out once: the publisher takes each position when it publishes its token.
+    assert engine.alternatives(asked.response_id, 0, 1) is None
+    for neighbour in (fewer.response_id, f"resp_top_none_{temperature}"):
+        engine.cancel(neighbour)
+
+
 def test_chosen_token_logprobs_equal_log_softmax() -> None:
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
     tokens = torch.tensor([4, 0, 49], dtype=torch.int32)

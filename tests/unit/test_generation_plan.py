@@ -204,7 +204,7 @@ def test_the_response_echoes_what_was_asked() -> None:
         tools=[{**WEATHER, "strict": True}],
         tool_choice={"type": "function", "name": "get_weather"},
         parallel_tool_calls=False,
-        top_logprobs=0,
+        top_logprobs=3,
         reasoning={"effort": "low", "summary": "auto"},
     )
     created = initial_response(asked, "resp_" + "0" * 32, "tiny", background=False, store=True)
@@ -212,7 +212,7 @@ def test_the_response_echoes_what_was_asked() -> None:
     assert created["tool_choice"] == {"type": "function", "name": "get_weather"}
     assert created["parallel_tool_calls"] is False
     assert created["reasoning"]["effort"] == "low" and created["reasoning"]["summary"] == "auto"
-    assert created["top_logprobs"] == 0
+    assert created["top_logprobs"] == 3
 
 
 @pytest.mark.parametrize(
@@ -229,7 +229,7 @@ def test_the_response_echoes_what_was_asked() -> None:
             "invalid_value",
         ),
         ({"tool_choice": {"type": "web_search"}}, "tool_choice.type", "unsupported_parameter"),
-        ({"top_logprobs": 1}, "top_logprobs", "unsupported_parameter"),
+        ({"top_logprobs": 21}, "top_logprobs", "invalid_value"),
         ({"truncation": "sometimes"}, "truncation", "invalid_value"),
         ({"context_management": [{"type": "summary"}]}, "context_management[0].type", "invalid_value"),
         ({"reasoning": {"mode": "pro"}}, "reasoning.mode", "unsupported_parameter"),

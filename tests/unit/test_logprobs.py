@@ -45,8 +45,14 @@ def fake_logprob(index: int) -> float:
 
 
 def process(
-    tokenizer: TextTokenizer, chunks: list[list[int]], opts: ProcessingOptions, *, with_logprobs: bool = True
+    tokenizer: TextTokenizer,
+    chunks: list[list[int]],
+    opts: ProcessingOptions,
+    *,
+    with_logprobs: bool = True,
+    alternatives: list[tuple[int, float]] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any], int]:
+    """``alternatives``: the top logprobs every token position gets, when given."""
     created = base_response()
     proc = ResponseProcessor(RESPONSE_ID, created, tokenizer, opts)
     encoded = [EventEmitter().emit(build.response_event(types.CREATED, created))]
@@ -56,7 +62,8 @@ def process(
         logprobs = (
             [fake_logprob(position + offset) for offset in range(len(chunk))] if with_logprobs else None
         )
-        encoded += proc.on_entry(TokensEntry(chunk, logprobs))
+        tops = [alternatives] * len(chunk) if alternatives is not None else None
+        encoded += proc.on_entry(TokensEntry(chunk, logprobs, top_logprobs=tops))
         position += len(chunk)
     encoded += proc.on_entry(FinishEntry("stop", 5, position))
     finished = proc.final_response()
@@ -151,6 +158,41 @@ def test_text_logprobs_come_from_the_texts_own_tokens_for_any_chunking(
             {k: v for k, v in entry.items() if k != "bytes"} for entry in item["content"][0]["logprobs"]
         ]
         assert deltas == done["logprobs"] == part_entries
+
+
+def test_each_entry_lists_its_positions_alternatives() -> None:
+    """Parts carry ``{token, bytes, logprob}`` alternatives, events ``{token, logprob}``, as the SDK
+    types them; a special token (the end of the answer) shows its own spelling."""
+    tokenizer = tiny_tokenizer()
+    token_ids = tokenizer.encode(ANSWER)
+    end = tokenizer.card.eos_token_ids[0]
+    word = tokenizer.encode("Hello")[0]
+    events, final, _ = process(
+        tokenizer,
+        [token_ids[:7], token_ids[7:]],
+        options(logprobs=True),
+        alternatives=[(word, -0.1), (end, -2.5)],
+    )
+    Response.model_validate(final)
+    for event in events:
+        EVENT.validate_python(event)
+    expected = [
+        {"token": "Hello", "bytes": list(b"Hello"), "logprob": -0.1},
+        {"token": tokenizer.spelling(end), "bytes": list(tokenizer.spelling(end).encode()), "logprob": -2.5},
+    ]
+    assert expected[1]["token"].startswith("<|")
+    entries = [
+        entry
+        for item in final["output"]
+        if item["type"] == "message"
+        for entry in item["content"][0]["logprobs"]
+    ]
+    assert entries and all(entry["top_logprobs"] == expected for entry in entries)
+    streamed = [
+        entry for event in events if event["type"] == types.OUTPUT_TEXT_DELTA for entry in event["logprobs"]
+    ]
+    without_bytes = [{"token": top["token"], "logprob": top["logprob"]} for top in expected]
+    assert len(streamed) == len(entries) and all(entry["top_logprobs"] == without_bytes for entry in streamed)
 
 
 def test_without_logprobs_asked_none_are_given() -> None:

@@ -23,6 +23,9 @@ def round_trip(entry: TokenStreamEntry) -> TokenStreamEntry:
     "entry",
     [
         TokensEntry([1, 2, 3], [-0.5, -1.0, -2.0], start=4),
+        TokensEntry(
+            [1, 2], [-0.5, -1.0], start=0, top_logprobs=[[(1, -0.5), (7, -1.5)], [(9, -0.25), (2, -1.0)]]
+        ),
         FinishEntry("stop", 12, 3, cached_tokens=8),
         FinishEntry("error", 12, 3, "boom"),
         FinishEntry("error", 12, 3, GRAMMAR_FAILED_ERROR, error_code="invalid_prompt"),
