@@ -359,8 +359,9 @@ class Engine:
             self.top_logprobs.forget(request_id)
 
     def alternatives(self, request_id: str, start: int, stop: int) -> list[Alternatives] | None:
-        """The most likely tokens at output positions ``start`` to ``stop`` of ``request_id`` (this
-        engine copy's), once each; None when it does not ask for them (:mod:`gpu_worker.top_logprobs`)."""
+        """The most likely tokens at output positions ``start`` (what is published) to ``stop`` of
+        ``request_id`` (this engine copy's); None when it does not ask for them
+        (:meth:`gpu_worker.top_logprobs.TopLogprobs.take`)."""
         if self.top_logprobs is None:
             return None
         return self.top_logprobs.take(request_id, start, stop)

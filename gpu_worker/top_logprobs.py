@@ -120,16 +120,20 @@ class TopLogprobs:
 
     def take(self, request_id: str, start: int, stop: int) -> list[Alternatives] | None:
         """The alternatives of output positions ``start`` to ``stop`` (exclusive) of ``request_id``'s
-        engine copy, and drop every position before ``stop``; None when they are not all recorded
-        (the request does not ask for them, or its step did not record them)."""
+        engine copy; None when they are not all recorded (the request does not ask for them, or
+        its step did not record them).
+
+        ``start`` is what the publisher has published: every position before it is dropped. The
+        ones returned stay until a later call starts past them, so a round whose append failed and
+        is sent again gets them again.
+        """
         with self._lock:
             request = self._requests.get(request_id)
             if request is None:
                 return None
-            begin, end = start - request.taken, stop - request.taken
-            if begin < 0 or end > len(request.recorded):
+            published = start - request.taken
+            if published < 0 or stop - request.taken > len(request.recorded):
                 return None
-            taken = request.recorded[begin:end]
-            del request.recorded[:end]
-            request.taken = stop
-            return taken
+            del request.recorded[:published]
+            request.taken = start
+            return request.recorded[: stop - start]

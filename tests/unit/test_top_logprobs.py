@@ -56,9 +56,11 @@ def test_each_request_keeps_its_own_rows_in_order_and_hands_each_position_out_on
         assert [token for token, _ in row] == ids.tolist()
         assert [value for _, value in row] == pytest.approx(values.tolist())
         assert all(math.isfinite(value) for _, value in row)
-    assert top.take("a", 0, 1) is None  # already handed out
-    rest = top.take("a", 2, 4)
+    # A round sent again (its append failed) gets the same positions again.
+    assert top.take("a", 0, 2) == first
+    rest = top.take("a", 2, 4)  # positions 0 and 1 are published: dropped
     assert rest is not None and len(rest) == 2
+    assert top.take("a", 0, 1) is None
     assert top.take("a", 4, 5) is None  # not recorded yet
     b = top.take("b", 0, 4)
     assert b is not None and [len(row) for row in b] == [1, 1, 1, 1]
