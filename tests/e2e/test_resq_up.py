@@ -69,7 +69,15 @@ def start_resq_up(base_env: dict[str, str], tmp_path: Path) -> tuple[RoleProcess
         )
     watched = RoleProcess("resq up", up, log_path)
     try:
-        wait_until(lambda: api_healthy(base_url), START_TIMEOUT_S, "resq up", [watched])
+        # Ready when resq up itself says so, not at the API's first healthy answer: until its own
+        # poll of /health (every 0.5 s) sees it, a role that dies fails the start by design, and a
+        # test that killed one in that gap on a fast machine saw everything stop.
+        wait_until(
+            lambda: api_healthy(base_url) and "resq is ready" in log_path.read_text(errors="replace"),
+            START_TIMEOUT_S,
+            "resq up",
+            [watched],
+        )
     except BaseException:
         stop(up)
         raise
