@@ -305,15 +305,19 @@ def render_prompt(
     plan: GenerationPlan,
     max_tokens: int | None = None,
     wanted_output: int = 1,
+    owner: str | None = None,
 ) -> list[int]:
     """Prompt token ids of the conversation, through the model's chat template.
 
     Every client string is tokenized as text, never as control tokens. A prompt that must
     have more than ``max_tokens`` tokens is a 400 ``context_length_exceeded`` before the
-    tokenizer runs (``wanted_output`` is for the error's message). CPU-bound: off the event loop.
+    tokenizer runs (``wanted_output`` is for the error's message). ``owner``: the caller whose
+    prompt pieces encoded before are reused (an agent's resent history). CPU-bound: off the event loop.
     """
     try:
-        token_ids = tokenizer.prompt_ids(messages, plan.template_tools, plan.template_context, max_tokens)
+        token_ids = tokenizer.prompt_ids(
+            messages, plan.template_tools, plan.template_context, max_tokens, cache_owner=owner
+        )
     except ChatTemplateError as exc:
         raise invalid_value(
             f"The model's chat template rejected the input: {exc}", "input", "invalid_prompt"
@@ -373,7 +377,9 @@ def fit_prompt(tokenizer: TextTokenizer, sealer: Sealer, request: PromptRequest)
     full_room = context_length - request.reserved - budget
     if not request.truncate:
         messages = _messages(request, items, sealer)
-        return FittedPrompt(render_prompt(tokenizer, messages, request.plan, bound, request.output_budget))
+        return FittedPrompt(
+            render_prompt(tokenizer, messages, request.plan, bound, request.output_budget, request.owner)
+        )
 
     def attempt(turns: int) -> list[int] | None:
         kept = drop_oldest_turns(items, turns)
@@ -384,6 +390,7 @@ def fit_prompt(tokenizer: TextTokenizer, sealer: Sealer, request: PromptRequest)
                 request.plan,
                 max(full_room, 0),
                 request.output_budget,
+                request.owner,
             )
         except OpenAIError as exc:
             if exc.code != "context_length_exceeded":
@@ -408,7 +415,12 @@ def fit_prompt(tokenizer: TextTokenizer, sealer: Sealer, request: PromptRequest)
         turns = droppable_turns(items)
         kept = drop_oldest_turns(items, turns)
         token_ids = render_prompt(
-            tokenizer, _messages(request, kept, sealer), request.plan, bound, request.output_budget
+            tokenizer,
+            _messages(request, kept, sealer),
+            request.plan,
+            bound,
+            request.output_budget,
+            request.owner,
         )
         best = (turns, token_ids)
     turns, token_ids = best

@@ -109,15 +109,21 @@ class TextTokenizer:
         tools: list[dict[str, Any]] | None = None,
         extra_context: dict[str, Any] | None = None,
         max_tokens: int | None = None,
+        cache_owner: str | None = None,
     ) -> list[int]:
         """Token ids of the prompt for ``messages``: the template's markup as control tokens, every
         string of ``messages`` and ``tools`` as text (:mod:`resq.prompt_tokens`).
 
         Raises :class:`resq.prompt_tokens.PromptTooLongError`, without tokenizing, when the rendered
-        prompt must have more than ``max_tokens`` tokens.
+        prompt must have more than ``max_tokens`` tokens. ``cache_owner``: the caller whose pieces
+        encoded before are reused (:mod:`resq.piece_cache`); None encodes the whole prompt.
         """
         return self._prompt_encoder.prompt_ids(
-            lambda chat, offered: self.render(chat, offered, extra_context), messages, tools, max_tokens
+            lambda chat, offered: self.render(chat, offered, extra_context),
+            messages,
+            tools,
+            max_tokens,
+            cache_owner,
         )
 
     @cached_property

@@ -41,17 +41,23 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+from resq.piece_cache import PieceCache
+
 SEARCH_WINDOW = 1 << 16
 """Characters one regex call scans: the call holds the GIL, and the API's event loop waits for it."""
 UTF8_CHUNK = 1 << 20
 """Characters encoded at a time to count the UTF-8 bytes of a non-ASCII text (same reason)."""
+PIECE_CACHE_CHARS = 8 << 20
+"""Characters of prompt pieces whose ids a tokenizer's :class:`PieceCache` keeps, in each API process:
+about 2 million tokens of histories (fifty agents at 40,000 tokens), in about 23 MB at most (measured
+filled with 540-character pieces; 15 MB with 40-character ones, whose entries' overhead counts)."""
 WINDOW_MARGIN_BYTES = 32
 """What normalising a text window by window can overcount per cut: a composing sequence cut
 apart (a base and its marks, Hangul jamo) stays a few bytes longer than composed."""
@@ -287,9 +293,11 @@ def _never_prepend(component: Any) -> Any:
 class PromptEncoder:
     """Encodes rendered prompts for one tokenizer: client text as text, with the length bound."""
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, piece_cache_chars: int = PIECE_CACHE_CHARS) -> None:
         self._tokenizer = tokenizer
         self._added = tokenizer.get_added_tokens_decoder()
+        self.pieces = PieceCache(piece_cache_chars)
+        """Ids of the prompt pieces encoded lately, by owner (:meth:`prompt_ids`' ``cache_owner``)."""
 
     @cached_property
     def escaper(self) -> ClientTextEscaper:
@@ -368,11 +376,14 @@ class PromptEncoder:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
         max_tokens: int | None = None,
+        cache_owner: str | None = None,
     ) -> list[int]:
         """Token ids of ``render(messages, tools)`` with every client string encoded as text.
 
         Raises :class:`PromptTooLongError` when the rendered text must have more than
-        ``max_tokens`` tokens, before any tokenizer model runs on it.
+        ``max_tokens`` tokens, before any tokenizer model runs on it. ``cache_owner``: whose
+        :attr:`pieces` the prompt's pieces are looked up in and kept in (None: encoded whole, nothing
+        kept).
         """
         text = render(messages, tools)
         if max_tokens is not None:
@@ -381,9 +392,47 @@ class PromptEncoder:
                 raise PromptTooLongError(at_least)
         escaped = self.escaper.escape([messages, tools])
         if not escaped.changed:
+            if cache_owner is not None and self._piece_splitter is not None:
+                return self._ids_by_piece(text, cache_owner, self._piece_splitter)
             return _ids(self._tokenizer, text)
         escaped_messages, escaped_tools = escaped.data
         return self._encode_escaped(render(escaped_messages, escaped_tools), escaped.whole)
+
+    @cached_property
+    def _piece_splitter(self) -> _PieceSplitter | None:
+        """Where a rendered prompt splits into pieces the tokenizer encodes independently; None when
+        this tokenizer's pieces are not independent (see :class:`_PieceSplitter`)."""
+        return _PieceSplitter.of(self._tokenizer, self._added)
+
+    def _ids_by_piece(self, text: str, owner: str, splitter: _PieceSplitter) -> list[int]:
+        """The ids ``_ids(tokenizer, text)`` gives, from the cached ids of the pieces seen before and
+        one encode of the others (:mod:`resq.piece_cache`)."""
+        parts = splitter.split(text)
+        found: dict[str, Sequence[int]] = {}
+        missing: list[str] = []
+        for part in parts:
+            if isinstance(part, str) and part not in found:
+                cached = self.pieces.get(owner, part)
+                if cached is None:
+                    missing.append(part)
+                    found[part] = ()
+                else:
+                    found[part] = cached
+        if missing:
+            # One call for all of them: it releases the GIL, as a whole prompt's encode does.
+            for piece, encoding in zip(
+                missing, self._tokenizer.encode_batch_fast(missing, add_special_tokens=False), strict=True
+            ):
+                ids = encoding.ids
+                found[piece] = ids
+                self.pieces.put(owner, piece, ids)
+        token_ids: list[int] = []
+        for part in parts:
+            if isinstance(part, str):
+                token_ids.extend(found[part])
+            else:
+                token_ids.append(part)
+        return token_ids
 
     def _encode_escaped(self, text: str, whole: list[str]) -> list[int]:
         """Ids of a prompt whose client token texts are sentinels: markup as tokens, the rest as text.
@@ -476,6 +525,51 @@ class PromptEncoder:
             plain.normalizer = self._tokenizer.normalizer
         plain.pre_tokenizer = _pre_tokenizer_from_state(later)
         return plain
+
+
+class _PieceSplitter:
+    """Splits a prompt at its markup into pieces whose ids, concatenated, are the whole text's.
+
+    The tokenizer itself first splits its input at its added tokens that are matched in the raw
+    text (``normalized: false``), leftmost-longest, then normalises, pre-tokenizes and encodes each
+    stretch in between on its own; so a stretch's ids do not depend on the rest of the prompt, and
+    :meth:`split` cuts exactly there. Only where that holds: not when a pre-tokenizer treats the
+    text's first stretch apart (Metaspace's ``prepend_scheme: first``), when an added token matches
+    with ``lstrip``, ``rstrip`` or ``single_word`` (its match then depends on its neighbours), or when
+    the tokenizer truncates or pads (per stretch instead of per prompt).
+    """
+
+    def __init__(self, pattern: re.Pattern[str], split_ids: dict[str, int]) -> None:
+        self._pattern = pattern
+        self._split_ids = split_ids
+
+    @classmethod
+    def of(cls, tokenizer: Tokenizer, added: dict[int, Any]) -> _PieceSplitter | None:
+        """The splitter for ``tokenizer`` (``added``: its added tokens by id), or None where its
+        stretches are not independent."""
+        raw = {token_id: token for token_id, token in added.items() if not token.normalized}
+        if not raw or tokenizer.truncation is not None or tokenizer.padding is not None:
+            return None
+        if any(token.lstrip or token.rstrip or token.single_word for token in added.values()):
+            return None
+        state = _state(tokenizer.pre_tokenizer)
+        if _never_prepend(state) != state:
+            return None
+        split_ids = {token.content: token_id for token_id, token in raw.items()}
+        return cls(re.compile(_trie_pattern(list(split_ids))), split_ids)
+
+    def split(self, text: str) -> list[str | int]:
+        """``text`` as its stretches (str) and the ids of the added tokens between them (int)."""
+        parts: list[str | int] = []
+        done = 0
+        for match in self._pattern.finditer(text):
+            if match.start() > done:
+                parts.append(text[done : match.start()])
+            parts.append(self._split_ids[match.group(0)])
+            done = match.end()
+        if done < len(text):
+            parts.append(text[done:])
+        return parts
 
 
 __all__ = ["ClientTextEscaper", "Escaped", "PromptEncoder", "PromptTooLongError"]
