@@ -11,7 +11,12 @@ row per run: with short requests (``--tokens 16``) that measures what a request 
 its tokens, over enough requests for psutil's 10 ms clock. ``--structured`` constrains every
 stream by B5's JSON schema (:data:`bench.structured.TEXT`). With ``--probes N``, each round also times N sequential
 one-client streams of 4 tokens per tree (B2's probe: the latency of the path itself, with no
-batching to hide it); ``--clients 0`` runs only those. Every ratio is the median of per-round ratios.
+batching to hide it); ``--clients 0`` runs only those. With ``--agent-loops N``, each round also runs N
+of B6's agent loops per tree over HTTP (:mod:`bench.agent_loop`: 10 turns of a growing history,
+``previous_response_id`` and ``prompt_cache_key``, each loop a session of its own), on B6's text
+variant of the model (whose every answer streams text): loop time, TTFT of turns 2-10 and of the
+last turn, and CPU per turn outside the engine thread by process. Every ratio is the median of
+per-round ratios.
 
 Each stack's processes start from their own tree (working directory and ``PYTHONPATH``, see
 :class:`bench.procs.ProcGroup`); the working directories of both stacks are printed, so a run
@@ -25,13 +30,15 @@ import asyncio
 import os
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from statistics import median
 
 import click
+import httpx
 import redis
 
-from bench import clients, cpu_accounting
+from bench import agent_loop, clients, cpu_accounting
 from bench import structured as structured_text
 from bench.configurations import ROLES, paired_rounds
 from bench.models import ensure_bench, ensure_tiny
@@ -52,6 +59,13 @@ METRICS = (
     "ttft_p50_ms",
 )
 PROBE_METRICS = ("ttft1_p50_ms", "ttft1_p90_ms")
+AGENT_METRICS = (
+    "loop_s",
+    "turn_ttft_p50_ms",
+    "last_ttft_ms",
+    "server_cpu_ms_per_turn",
+    *(f"server_cpu_ms_per_turn:{role}" for role in ROLES),
+)
 PROBE_TOKENS = 4
 REPO = Path(__file__).resolve().parent.parent
 
@@ -105,6 +119,60 @@ def probe_rounds(systems: dict[str, HttpSystems], model: str, probes: int, round
     return results
 
 
+async def _agent_loops(
+    stack: ResqStack, loops: int, session: str, shape: agent_loop.LoopShape
+) -> list[tuple[list[agent_loop.Turn], float]]:
+    timeout = httpx.Timeout(agent_loop.TURN_TIMEOUT_S, connect=60.0)
+    async with httpx.AsyncClient(timeout=timeout) as client:
+        return [
+            await agent_loop.http_loop(
+                client, stack.base_url, stack.model.served_name, f"{session}-{index}", shape
+            )
+            for index in range(loops)
+        ]
+
+
+def _ms(seconds: float | None) -> float:
+    return float("nan") if seconds is None else seconds * 1000
+
+
+def agent_rounds(systems: dict[str, HttpSystems], model: str, loops: int, rounds: int) -> ResultSet:
+    """``rounds`` rounds of ``loops`` agent loops per system (one warm-up loop each first), alternated
+    per round; every loop a session of its own, so no loop reuses another's prefix."""
+    shape = agent_loop.LoopShape()
+    tag = f"versus-{time.time_ns()}"
+    for name, system in systems.items():
+        asyncio.run(_agent_loops(system.stack, 1, f"{tag}-warm-{name}", shape))
+    results = ResultSet()
+    for round_index in range(rounds):
+        for name in alternated(list(systems), round_index):
+            meter = systems[name].meter("resq")
+            engine = meter.engine_keys()
+            before = cpu_accounting.thread_times(meter.pids)
+            runs = asyncio.run(_agent_loops(systems[name].stack, loops, f"{tag}-{round_index}-{name}", shape))
+            after = cpu_accounting.thread_times(meter.pids)
+            used = cpu_accounting.split(before, after, engine, meter.labels)
+            turns = loops * shape.turns
+            metrics = {
+                "loop_s": median(wall for _, wall in runs),
+                "turn_ttft_p50_ms": median(_ms(turn.ttft_s) for loop, _ in runs for turn in loop[1:]),
+                "last_ttft_ms": median(_ms(loop[-1].ttft_s) for loop, _ in runs),
+                "server_cpu_ms_per_turn": used.server_s * 1000 / turns,
+                **{
+                    f"server_cpu_ms_per_turn:{label}": seconds * 1000 / turns
+                    for label, seconds in used.server_s_by_label.items()
+                },
+            }
+            results.add(RunRecord(SCENARIO, name, model, 1, round_index, metrics))
+            click.echo(
+                f"round {round_index + 1}: {name}: {loops} agent loops, loop {metrics['loop_s']:.2f} s, "
+                f"TTFT turns 2-{shape.turns} p50 {metrics['turn_ttft_p50_ms']:.1f} ms, last "
+                f"{metrics['last_ttft_ms']:.1f} ms, {metrics['server_cpu_ms_per_turn']:.2f} ms CPU a turn "
+                "outside the engine"
+            )
+    return results
+
+
 def _worktree(rev: str) -> Path:
     path = Path(tempfile.mkdtemp(prefix="resq-versus-")) / "tree"
     subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), rev], check=True)
@@ -139,6 +207,13 @@ def _worktree(rev: str) -> Path:
     help="Sequential one-client TTFT probes per tree and round.",
 )
 @click.option(
+    "--agent-loops",
+    type=int,
+    default=0,
+    show_default=True,
+    help="B6's 10-turn agent loops (HTTP) per tree and round, on B6's text variant of the model.",
+)
+@click.option(
     "--redis-server",
     type=click.Path(exists=True, dir_okay=False),
     default=None,
@@ -153,11 +228,14 @@ def main(
     repeats: int,
     structured: bool,
     probes: int,
+    agent_loops: int,
     redis_server: str | None,
 ) -> None:
     """This checkout against ``--base``, side by side, paired per round."""
     cache = Path.home() / ".cache" / "resq" / "bench-models"
     served = ensure_bench(cache) if model == "bench" else ensure_tiny(cache)
+    if agent_loops:
+        served = agent_loop.ensure_text_model(cache, served)
     base_tree = _worktree(base)
     logs = Path(tempfile.mkdtemp(prefix="resq-bench-versus-"))
     groups = {HERE: ProcGroup(logs / "here"), base: ProcGroup(logs / "base", tree=base_tree)}
@@ -188,6 +266,10 @@ def main(
             probed = probe_rounds(systems, served.key, probes, rounds)
             click.echo("")
             click.echo(to_markdown(versus_table(probed, base, served.key, 1, PROBE_METRICS)))
+        if agent_loops:
+            looped = agent_rounds(systems, served.key, agent_loops, rounds)
+            click.echo("")
+            click.echo(to_markdown(versus_table(looped, base, served.key, 1, AGENT_METRICS)))
     finally:
         for group in groups.values():
             group.stop_all()
