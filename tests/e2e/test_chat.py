@@ -247,6 +247,16 @@ def test_tool_choice_none_offers_no_tools_and_a_named_choice_forces_the_call(cli
     assert forced.usage.prompt_tokens == free.usage.prompt_tokens
 
 
+def streamed_logprobs(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every logprob entry of a streamed completion's chunks, in order."""
+    return [
+        entry
+        for chunk in chunks
+        if chunk["choices"] and chunk["choices"][0]["logprobs"]
+        for entry in chunk["choices"][0]["logprobs"]["content"]
+    ]
+
+
 def test_logprobs_cover_the_content_token_by_token(client: OpenAI) -> None:
     completion = client.chat.completions.create(
         model=MODEL, messages=messages("hello"), temperature=0, logprobs=True
@@ -256,12 +266,7 @@ def test_logprobs_cover_the_content_token_by_token(client: OpenAI) -> None:
     assert "".join(entry.token for entry in choice.logprobs.content) == choice.message.content
     assert all(entry.logprob <= 0 for entry in choice.logprobs.content)
     chunks = stream_chunks(client, messages=messages("hello"), temperature=0, logprobs=True)
-    streamed = [
-        entry
-        for chunk in chunks
-        if chunk["choices"] and chunk["choices"][0]["logprobs"]
-        for entry in chunk["choices"][0]["logprobs"]["content"]
-    ]
+    streamed = streamed_logprobs(chunks)
     assert [entry["token"] for entry in streamed] == [entry.token for entry in choice.logprobs.content]
 
 
@@ -283,12 +288,7 @@ def test_top_logprobs_list_each_positions_most_likely_tokens(client: OpenAI) -> 
     for entry in choice.logprobs.content:
         check_alternatives(entry.model_dump(), 3)
     chunks = stream_chunks(client, messages=messages("hello"), temperature=0, logprobs=True, top_logprobs=3)
-    streamed = [
-        entry
-        for chunk in chunks
-        if chunk["choices"] and chunk["choices"][0]["logprobs"]
-        for entry in chunk["choices"][0]["logprobs"]["content"]
-    ]
+    streamed = streamed_logprobs(chunks)
     # Another request: the same greedy tokens (its logprobs may round apart in another batch).
     assert [entry["token"] for entry in streamed] == [entry.token for entry in choice.logprobs.content]
     for streamed_entry in streamed:
