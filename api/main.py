@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -32,9 +33,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = AppState.build(resolved)
         app.state.resq = state
+        warming = asyncio.create_task(state.warm_up())
         try:
             yield
         finally:
+            warming.cancel()
             await state.close()
 
     app = FastAPI(title="resq", version=__version__, lifespan=lifespan)
