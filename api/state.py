@@ -262,7 +262,7 @@ class AppState:
 
     async def warm_up(self) -> None:
         """Open the broker channel the task messages are built with before the first request needs
-        it: opening it (Celery's AMQP machinery imported, a ping to Redis) added ~55 ms to the first
+        it: opening it (Celery's AMQP machinery imported, a ping to Redis) added ~70 ms to the first
         response after a start. Best effort: with Redis away, the first request opens it instead.
         On a thread of its own, not the prompt pool's: kombu retries a refused connection for ~6 s."""
         try:
