@@ -43,6 +43,11 @@ from resq.task_messages import TaskMessages
 
 log = logging.getLogger(__name__)
 
+WARM_UP_WAIT_S = 600.0
+"""How long a starting API waits for a GPU worker to register a model whose tokenizer it builds ahead
+of the first request (as long as ``resq up`` waits for the stack to be ready)."""
+WARM_UP_POLL_S = 0.5
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -269,6 +274,27 @@ class AppState:
             await asyncio.to_thread(self.task_messages.connect)
         except Exception as error:  # Redis not there yet: nothing lost, the first request retries
             log.debug("the broker channel was not opened ahead of the first request: %s", error)
+        await self._warm_tokenizers()
+
+    async def _warm_tokenizers(self) -> None:
+        """Fetch and build the served models' tokenizers, and render one prompt with each, once a GPU
+        worker has registered its model (polled for up to :data:`WARM_UP_WAIT_S`): the first request
+        otherwise did it (~15 ms on the built-in model; a real vocabulary's tokenizer.json is
+        megabytes to parse). Best effort, as :meth:`warm_up`."""
+        deadline = time.monotonic() + WARM_UP_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                cards = await self.catalog.cards()
+                for card in cards:
+                    tokenizer = await self.catalog.get(card.name)
+                    if tokenizer is not None:
+                        await self.off_loop(tokenizer.prompt_ids, [{"role": "user", "content": "Hello."}])
+            except Exception as error:  # nothing lost: the first request builds what is missing
+                log.debug("the tokenizers were not built ahead of the first request: %s", error)
+                return
+            if cards:
+                return
+            await asyncio.sleep(WARM_UP_POLL_S)
 
     async def queue_messages(
         self, pipe: AsyncPipeline, response_id: str, model: str, worker: str | None
