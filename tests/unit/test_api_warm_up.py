@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import redis
+from kombu.exceptions import OperationalError
 from starlette.testclient import TestClient
 
 from api.main import create_app
 from api.state import AppState
 from resq.catalog import register_model
 from resq.settings import Settings
-from tests.support.processes import free_port
+from resq.task_messages import TaskMessages
 from tests.support.redis_server import PrivateRedis
 from tests.support.tokenizer import tiny_tokenizer
 
@@ -29,15 +31,29 @@ def test_the_broker_channel_is_open_before_any_request(redis_url: str) -> None:
         assert _state(client).task_messages.connected
 
 
-def test_a_redis_that_is_away_neither_delays_the_start_nor_fails_it() -> None:
-    away = f"redis://127.0.0.1:{free_port()}/0"
+def test_a_broker_that_is_away_neither_delays_the_start_nor_fails_it(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As with Redis away (kombu retries the refused channel for ~6 s, then raises), off the loop.
+
+    Redis itself stays up here: an app on a dead Redis left its reaper thread retrying and logging
+    tracebacks into the tests after it, and formatting one (which parses source with ``ast`` in
+    CPython 3.11) on that thread made test_boundaries' own ``ast.parse`` fail with "AST constructor
+    recursion depth mismatch" in a fresh-clone run."""
+
+    def refused(_self: TaskMessages) -> None:
+        time.sleep(2.0)
+        raise OperationalError("Error 111 connecting to 127.0.0.1:6390. Connection refused.")
+
+    monkeypatch.setattr(TaskMessages, "connect", refused)
     started = time.monotonic()
-    with TestClient(create_app(Settings(redis_url=away, postprocess_workers=1))) as client:
+    with TestClient(create_app(Settings(redis_url=redis_url, postprocess_workers=1))) as client:
         reply = client.get("/health")
         answered = time.monotonic() - started
+        time.sleep(2.5)  # the warm-up has failed by now
         assert not _state(client).task_messages.connected  # left to the first request
-    assert reply.status_code == 503
-    assert answered < 3.0  # kombu retries the refused channel for ~6 s, off the loop
+    assert reply.status_code in (200, 503)  # whatever the workers say: it answers
+    assert answered < 1.5
 
 
 def test_a_model_registered_after_the_start_has_its_tokenizer_built_before_any_request(
