@@ -269,7 +269,8 @@ class AppState:
         """Open the broker channel the task messages are built with before the first request needs
         it: opening it (Celery's AMQP machinery imported, a ping to Redis) added ~70 ms to the first
         response after a start. Best effort: with Redis away, the first request opens it instead.
-        On a thread of its own, not the prompt pool's: kombu retries a refused connection for ~6 s."""
+        On a thread of its own, not the prompt pool's: kombu retries a refused connection for ~6 s
+        (an API stopped within those seconds of its start waits for the thread to give up)."""
         try:
             await asyncio.to_thread(self.task_messages.connect)
         except Exception as error:  # Redis not there yet: nothing lost, the first request retries
