@@ -93,10 +93,48 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+_DICT_ATTRIBUTES = frozenset(dir(dict))
+
+
+class _ChatTemplateEnvironment(ImmutableSandboxedEnvironment):
+    """The sandbox transformers renders in, with its checks done once per type and name, not per access.
+
+    Two thirds of rendering an agent's long history went to the sandbox's attribute lookup: each
+    ``message.role`` tried the attribute first, and a dict has none by that name (an
+    ``AttributeError`` raised and caught every time) before the key was read; each
+    ``content.strip()``, ``loop.last`` or ``ns.value`` asked again whether that name is safe on that
+    type. The answers are the sandbox's own (``tests/unit/test_chat_template.py`` compares them).
+    """
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._safe: dict[tuple[type, str], bool] = {}
+
+    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+        """:meth:`ImmutableSandboxedEnvironment.is_safe_attribute`, remembered per (type, name): it reads
+        only ``obj``'s type (``isinstance`` checks) and the name. The names are the template's own or an
+        existing attribute's, so the memo stays small."""
+        key = (type(obj), attr)
+        safe = self._safe.get(key)
+        if safe is None:
+            safe = self._safe[key] = super().is_safe_attribute(obj, attr, value)
+        return safe
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        """:meth:`SandboxedEnvironment.getattr`: a dict's key that no dict attribute shadows is read
+        directly (jinja would find no such attribute, then read the key)."""
+        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
+            try:
+                return obj[attribute]
+            except KeyError:
+                pass  # the sandbox's path gives the undefined value
+        return super().getattr(obj, attribute)
+
+
 @lru_cache(maxsize=16)
 def compile_chat_template(source: str) -> jinja2.Template:
     """The compiled template for ``source`` (cached: templates are large and reused)."""
-    env = ImmutableSandboxedEnvironment(
+    env = _ChatTemplateEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationBlock, jinja2.ext.loopcontrols]
     )
     env.filters["tojson"] = _tojson
