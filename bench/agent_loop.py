@@ -198,6 +198,15 @@ def create_params(
     return params
 
 
+def resent_params(
+    model: str, session: str, turn: int, history: list[dict[str, Any]], shape: LoopShape
+) -> dict[str, Any]:
+    """``turn``'s parameters as Codex sends them: ``store: false`` and the whole conversation again
+    (``history``: the earlier turns' inputs and outputs), no ``previous_response_id``."""
+    params = create_params(model, session, turn, None, shape)
+    return {**params, "input": [*history, *params["input"]], "store": False}
+
+
 # --- what a loop measures ----------------------------------------------------------------------------
 
 
@@ -216,6 +225,8 @@ class Turn:
     cached_tokens: int
     output_tokens: int
     response_id: str
+    output: tuple[dict[str, Any], ...] = ()
+    """The response's output items (what a client that resends its history sends back)."""
 
 
 class TurnReader:
@@ -248,6 +259,7 @@ class TurnReader:
             cached_tokens=int(details.get("cached_tokens", 0)),
             output_tokens=int(usage.get("output_tokens", 0)),
             response_id=str(response.get("id", "")),
+            output=tuple(response.get("output") or ()),
         )
 
 
@@ -327,17 +339,23 @@ async def http_turn(client: httpx.AsyncClient, base_url: str, params: dict[str, 
 
 
 async def http_loop(
-    client: httpx.AsyncClient, base_url: str, model: str, session: str, shape: LoopShape
+    client: httpx.AsyncClient, base_url: str, model: str, session: str, shape: LoopShape, resend: bool = False
 ) -> tuple[list[Turn], float]:
-    """The loop over HTTP SSE; its turns and wall time."""
+    """The loop over HTTP SSE; its turns and wall time. ``resend``: every turn sends the whole
+    conversation again, unstored (:func:`resent_params`), instead of ``previous_response_id``."""
     started = time.perf_counter()
     turns: list[Turn] = []
     previous: str | None = None
+    history: list[dict[str, Any]] = []
     for turn in range(shape.turns):
-        params = create_params(model, session, turn, previous, shape)
+        if resend:
+            params = resent_params(model, session, turn, history, shape)
+        else:
+            params = create_params(model, session, turn, previous, shape)
         found = await asyncio.wait_for(http_turn(client, base_url, params), TURN_TIMEOUT_S)
         turns.append(found)
         previous = found.response_id
+        history = [*params["input"], *found.output]
     return turns, time.perf_counter() - started
 
 

@@ -15,8 +15,9 @@ batching to hide it); ``--clients 0`` runs only those. With ``--agent-loops N``,
 of B6's agent loops per tree over HTTP (:mod:`bench.agent_loop`: 10 turns of a growing history,
 ``previous_response_id`` and ``prompt_cache_key``, each loop a session of its own), on B6's text
 variant of the model (whose every answer streams text): loop time, TTFT of turns 2-10 and of the
-last turn, and CPU per turn outside the engine thread by process. Every ratio is the median of
-per-round ratios.
+last turn, and CPU per turn outside the engine thread by process; with ``--resend`` each turn sends
+the whole conversation again with ``store: false`` instead (Codex's shape). Every ratio is the
+median of per-round ratios.
 
 Each stack's processes start from their own tree (working directory and ``PYTHONPATH``, see
 :class:`bench.procs.ProcGroup`); the working directories of both stacks are printed, so a run
@@ -120,13 +121,13 @@ def probe_rounds(systems: dict[str, HttpSystems], model: str, probes: int, round
 
 
 async def _agent_loops(
-    stack: ResqStack, loops: int, session: str, shape: agent_loop.LoopShape
+    stack: ResqStack, loops: int, session: str, shape: agent_loop.LoopShape, resend: bool
 ) -> list[tuple[list[agent_loop.Turn], float]]:
     timeout = httpx.Timeout(agent_loop.TURN_TIMEOUT_S, connect=60.0)
     async with httpx.AsyncClient(timeout=timeout) as client:
         return [
             await agent_loop.http_loop(
-                client, stack.base_url, stack.model.served_name, f"{session}-{index}", shape
+                client, stack.base_url, stack.model.served_name, f"{session}-{index}", shape, resend
             )
             for index in range(loops)
         ]
@@ -136,20 +137,23 @@ def _ms(seconds: float | None) -> float:
     return float("nan") if seconds is None else seconds * 1000
 
 
-def agent_rounds(systems: dict[str, HttpSystems], model: str, loops: int, rounds: int) -> ResultSet:
+def agent_rounds(
+    systems: dict[str, HttpSystems], model: str, loops: int, rounds: int, resend: bool = False
+) -> ResultSet:
     """``rounds`` rounds of ``loops`` agent loops per system (one warm-up loop each first), alternated
     per round; every loop a session of its own, so no loop reuses another's prefix."""
     shape = agent_loop.LoopShape()
     tag = f"versus-{time.time_ns()}"
     for name, system in systems.items():
-        asyncio.run(_agent_loops(system.stack, 1, f"{tag}-warm-{name}", shape))
+        asyncio.run(_agent_loops(system.stack, 1, f"{tag}-warm-{name}", shape, resend))
     results = ResultSet()
     for round_index in range(rounds):
         for name in alternated(list(systems), round_index):
             meter = systems[name].meter("resq")
             engine = meter.engine_keys()
             before = cpu_accounting.thread_times(meter.pids)
-            runs = asyncio.run(_agent_loops(systems[name].stack, loops, f"{tag}-{round_index}-{name}", shape))
+            session = f"{tag}-{round_index}-{name}"
+            runs = asyncio.run(_agent_loops(systems[name].stack, loops, session, shape, resend))
             after = cpu_accounting.thread_times(meter.pids)
             used = cpu_accounting.split(before, after, engine, meter.labels)
             turns = loops * shape.turns
@@ -214,6 +218,11 @@ def _worktree(rev: str) -> Path:
     help="B6's 10-turn agent loops (HTTP) per tree and round, on B6's text variant of the model.",
 )
 @click.option(
+    "--resend",
+    is_flag=True,
+    help="With --agent-loops: each turn resends the whole conversation, unstored (Codex's shape).",
+)
+@click.option(
     "--redis-server",
     type=click.Path(exists=True, dir_okay=False),
     default=None,
@@ -229,6 +238,7 @@ def main(
     structured: bool,
     probes: int,
     agent_loops: int,
+    resend: bool,
     redis_server: str | None,
 ) -> None:
     """This checkout against ``--base``, side by side, paired per round."""
@@ -267,7 +277,7 @@ def main(
             click.echo("")
             click.echo(to_markdown(versus_table(probed, base, served.key, 1, PROBE_METRICS)))
         if agent_loops:
-            looped = agent_rounds(systems, served.key, agent_loops, rounds)
+            looped = agent_rounds(systems, served.key, agent_loops, rounds, resend)
             click.echo("")
             click.echo(to_markdown(versus_table(looped, base, served.key, 1, AGENT_METRICS)))
     finally:

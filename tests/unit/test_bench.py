@@ -217,6 +217,20 @@ def test_agent_loop_requests_chain_turns_and_resend_the_fixed_prefix() -> None:
     assert create_params("bench-bench", "s2", 0, None, shape)["instructions"] != first["instructions"]
 
 
+def test_a_resending_loop_sends_the_whole_conversation_unstored() -> None:
+    from bench.agent_loop import LoopShape, create_params, resent_params
+
+    shape = LoopShape(turns=3, instructions_chars=500, turn_chars=100, max_output_tokens=16)
+    history = [{"role": "user", "content": "first"}, {"type": "message", "role": "assistant", "content": []}]
+    resent = resent_params("bench-bench", "s1", 1, history, shape)
+    chained = create_params("bench-bench", "s1", 1, None, shape)
+    assert resent["input"] == [*history, *chained["input"]] and resent["store"] is False
+    assert "previous_response_id" not in resent
+    assert {key: value for key, value in resent.items() if key not in ("input", "store")} == {
+        key: value for key, value in chained.items() if key != "input"
+    }
+
+
 def test_agent_loop_reader_times_the_first_text_delta_and_reads_usage() -> None:
     from bench.agent_loop import AgentLoopError, TurnReader
 
