@@ -34,10 +34,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         state = AppState.build(resolved)
         app.state.resq = state
         warming = asyncio.create_task(state.warm_up())
+        # No request waits for the catalog's round trip to ask whether its model is still served.
+        refreshing = asyncio.create_task(state.catalog.keep_fresh())
         try:
             yield
         finally:
             warming.cancel()
+            refreshing.cancel()
             await state.close()
 
     app = FastAPI(title="resq", version=__version__, lifespan=lifespan)

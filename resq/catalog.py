@@ -9,8 +9,10 @@ any model a GPU worker serves.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -29,6 +31,8 @@ from resq.grammars import AcceptedGrammars
 from resq.prompt_tokens import PromptEncoder
 from resq.redis_types import optional_bytes, scored_members
 
+log = logging.getLogger(__name__)
+
 CARD_REFRESH_S = 5.0
 """How long a process trusts its cached copy of a model card before re-reading it."""
 SERVED_RECHECK_S = 1.0
@@ -37,6 +41,8 @@ from heartbeats (every ``RESQ_HEARTBEAT_S``, 2 s by default) judged against
 ``RESQ_WORKER_TTL_S``, so it is seconds old by nature; asking once per request cost the API a
 Redis pipeline per request, a third of its CPU inside ``accept`` under load
 (``docs/benchmarks.md``, B4). A model whose workers stopped is refused at most this much later."""
+REFRESH_EVERY_S = SERVED_RECHECK_S / 2
+"""How often the API renews both answers for every model it has served (:meth:`AsyncModelCatalog.keep_fresh`)."""
 
 
 class ModelCard(BaseModel):
@@ -129,6 +135,16 @@ class TextTokenizer:
     @cached_property
     def _prompt_encoder(self) -> PromptEncoder:
         return PromptEncoder(self.tokenizer)
+
+    def with_card(self, card: ModelCard) -> TextTokenizer:
+        """This tokenizer under ``card``, a card of the same model (:meth:`ModelCard.renders_like`: the
+        same vocabulary, template and end tokens) from another start of it: what was built from the
+        vocabulary (the prompt encoder and its cached pieces, the grammar tokenizer) is kept."""
+        twin = TextTokenizer(card=card, tokenizer=self.tokenizer)
+        twin.__dict__.update(
+            {name: value for name, value in vars(self).items() if name not in ("card", "tokenizer")}
+        )
+        return twin
 
     def decode(self, token_ids: list[int]) -> str:
         """Text of ``token_ids``, special tokens skipped (for tests and logs)."""
@@ -252,6 +268,10 @@ def _build(card_json: bytes, tokenizer_json: bytes | None, cached: _Entry | None
     if cached is not None and cached.tokenizer.card == card:
         cached.fetched_at = time.monotonic()
         return cached
+    if cached is not None and cached.tokenizer.card.renders_like(card):
+        # Another start of the same model (a GPU worker's restart, or what its engine can do): the
+        # tokenizer stays, which a real vocabulary takes tens of milliseconds to build.
+        return _Entry(cached.tokenizer.with_card(card))
     if tokenizer_json is None:
         return None
     return _Entry(TextTokenizer(card=card, tokenizer=Tokenizer.from_str(tokenizer_json.decode())))
@@ -274,7 +294,7 @@ class ModelCatalog:
             return None
         card = ModelCard.model_validate_json(card_json)
         tokenizer_json: bytes | None = None
-        if cached is None or cached.tokenizer.card != card:
+        if cached is None or not cached.tokenizer.card.renders_like(card):
             tokenizer_json = optional_bytes(self._redis.get(keys.tokenizer(card.tokenizer_sha256)))
         entry = _build(card_json, tokenizer_json, cached)
         if entry is None:
@@ -329,7 +349,7 @@ class AsyncModelCatalog:
             return None
         card = ModelCard.model_validate_json(card_json)
         tokenizer_json: bytes | None = None
-        if cached is None or cached.tokenizer.card != card:
+        if cached is None or not cached.tokenizer.card.renders_like(card):
             tokenizer_json = optional_bytes(await self._redis.get(keys.tokenizer(card.tokenizer_sha256)))
         entry = _build(card_json, tokenizer_json, cached)
         if entry is None:
@@ -337,6 +357,49 @@ class AsyncModelCatalog:
         entry.served_at = now
         self._entries[name] = entry
         return entry.tokenizer
+
+    async def refresh(self) -> None:
+        """Renew every cached model's answers (its card, and whether a live GPU worker serves it) in
+        one round trip, ahead of the requests that would otherwise renew them: a request after a
+        quiet second waited for that round trip (an agent's turns come seconds apart; the first
+        request after a start waited for it). A model no longer served, or whose card now names
+        another model, is dropped, and :meth:`get` decides again for the next request, as it did; a
+        card of another start of the same model replaces the old one, keeping its tokenizer."""
+        entries = dict(self._entries)
+        if not entries:
+            return
+        asked = time.monotonic()
+        pipe = self._redis.pipeline(transaction=False)
+        for name in entries:
+            pipe.hget(keys.MODELS, name)
+            pipe.zscore(keys.MODELS_SERVED, name)
+        pipe.zrange(keys.MODELS_SERVED, -1, -1, withscores=True)
+        *replies, raw_newest = await pipe.execute()
+        newest = scored_members(raw_newest)
+        for index, (name, entry) in enumerate(entries.items()):
+            if self._entries.get(name) is not entry:
+                continue  # a request rebuilt it meanwhile
+            card_json = optional_bytes(replies[2 * index])
+            card = ModelCard.model_validate_json(card_json) if card_json is not None else None
+            if card is None or not self._counts(replies[2 * index + 1], newest):
+                del self._entries[name]
+                continue
+            if card != entry.tokenizer.card:
+                if not entry.tokenizer.card.renders_like(card):
+                    del self._entries[name]  # another model under this name: get() builds its tokenizer
+                    continue
+                entry = self._entries[name] = _Entry(entry.tokenizer.with_card(card))
+            entry.fetched_at = entry.served_at = asked
+
+    async def keep_fresh(self) -> None:
+        """:meth:`refresh` every :data:`REFRESH_EVERY_S` until cancelled (the API's lifespan). A refresh
+        that fails (Redis away) changes nothing: :meth:`get` asks itself once the answers are old."""
+        while True:
+            try:
+                await self.refresh()
+            except Exception as error:
+                log.debug("the model catalog was not refreshed: %s", error)
+            await asyncio.sleep(REFRESH_EVERY_S)
 
     def _counts(self, last_beat: float | None, newest: list[tuple[bytes, float]]) -> bool:
         # Served now; or no model is (every GPU worker is down or restarting): then the last

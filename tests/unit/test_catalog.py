@@ -10,6 +10,7 @@ from redis.asyncio import Redis as AsyncRedis
 
 from resq import keys
 from resq.catalog import (
+    CARD_REFRESH_S,
     SERVED_RECHECK_S,
     AsyncModelCatalog,
     ModelCard,
@@ -112,3 +113,79 @@ def test_a_served_answer_is_reused_for_a_second_then_asked_again(private_redis: 
             await redis_client.aclose()
 
     assert asyncio.run(run()) == [True, True, False]
+
+
+def _commands(client: redis.Redis) -> int:
+    return sum(int(stat["calls"]) for stat in client.info("commandstats").values())
+
+
+def test_a_refreshed_catalog_answers_a_request_after_a_quiet_second_without_asking_redis(
+    private_redis: PrivateRedis,
+) -> None:
+    """The API's refresher renews the answers ahead of requests; a model that stops being served,
+    or whose card changes, is dropped by it, and the next request decides as before."""
+    client: redis.Redis = private_redis.client()
+    client.flushdb()
+    register_model(client, card("live"), tiny_tokenizer().tokenizer.to_str())
+    register_model(client, card("gone"), tiny_tokenizer().tokenizer.to_str())
+    register_model(client, card("changed"), tiny_tokenizer().tokenizer.to_str())
+
+    async def run() -> tuple[int, bool, bool, str | None]:
+        redis_client = AsyncRedis.from_url(private_redis.url)
+        try:
+            catalog = AsyncModelCatalog(redis_client, SERVED_WITHIN_S)
+            for name in ("live", "gone", "changed"):
+                assert await catalog.get(name) is not None
+            client.zadd(keys.MODELS_SERVED, {"gone": time.time() - 3 * SERVED_WITHIN_S})
+            register_model(client, card("changed", source="/models/b"), tiny_tokenizer().tokenizer.to_str())
+            refreshing = asyncio.create_task(catalog.keep_fresh())
+            await asyncio.sleep(SERVED_RECHECK_S + 0.3)  # past the answers get() took itself
+            client.config_resetstat()
+            found = await catalog.get("live") is not None
+            asked = _commands(client)
+            refreshing.cancel()
+            gone = await catalog.get("gone") is None
+            changed = await catalog.get("changed")
+            return asked, found, gone, changed.card.source if changed is not None else None
+        finally:
+            await redis_client.aclose()
+
+    asked, found, gone, changed_source = asyncio.run(run())
+    assert found and asked == 1  # CONFIG RESETSTAT itself: get() sent nothing
+    assert gone
+    assert changed_source == "/models/b"
+
+
+def test_a_card_of_another_start_of_the_same_model_keeps_the_built_tokenizer(
+    private_redis: PrivateRedis,
+) -> None:
+    """A GPU worker restarted (a new start time, another capability): the API serves the new card
+    with the tokenizer it built, through a request's own re-read and through the refresher."""
+    client: redis.Redis = private_redis.client()
+    client.flushdb()
+    tokenizer_json = tiny_tokenizer().tokenizer.to_str()
+    register_model(client, card("m"), tokenizer_json)
+
+    async def run() -> None:
+        redis_client = AsyncRedis.from_url(private_redis.url)
+        try:
+            catalog = AsyncModelCatalog(redis_client, SERVED_WITHIN_S)
+            first = await catalog.get("m")
+            assert first is not None
+            first.prompt_ids([{"role": "user", "content": "Hi."}], cache_owner="o")  # builds the encoder
+            register_model(client, card("m", created=2, penalties=True), tokenizer_json)
+            await catalog.refresh()
+            client.config_resetstat()
+            second = await catalog.get("m")
+            assert _commands(client) == 1  # CONFIG RESETSTAT itself
+            assert second is not None and second.card.created == 2 and second.card.penalties is True
+            assert second.tokenizer is first.tokenizer
+            assert second._prompt_encoder is first._prompt_encoder
+            register_model(client, card("m", created=3), tokenizer_json)
+            catalog._entries["m"].fetched_at -= CARD_REFRESH_S  # old enough for get() to re-read it
+            third = await catalog.get("m")
+            assert third is not None and third.card.created == 3 and third.tokenizer is first.tokenizer
+        finally:
+            await redis_client.aclose()
+
+    asyncio.run(run())
