@@ -19,6 +19,7 @@ from api.routes import chat, conversations, health, metrics, models, responses, 
 from api.state import AppState
 from resq import __version__
 from resq.settings import Settings, get_settings
+from resq.startup_heap import freeze_startup_heap
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -33,6 +34,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = AppState.build(resolved)
         app.state.resq = state
+        # Before uvicorn takes connections: what the API loaded to start out of the collector's
+        # sight (resq.startup_heap); a full collection stopped every stream for 50-60 ms.
+        freeze_startup_heap()
         warming = asyncio.create_task(state.warm_up())
         # No request waits for the catalog's round trip to ask whether its model is still served.
         refreshing = asyncio.create_task(state.catalog.keep_fresh())

@@ -39,6 +39,7 @@ from resq.recovery.reaper import Reaper
 from resq.redis_client import async_redis, sync_redis
 from resq.sealed import Sealer, sealer_from_settings
 from resq.settings import Settings
+from resq.startup_heap import freeze_startup_heap
 from resq.task_messages import TaskMessages
 
 log = logging.getLogger(__name__)
@@ -276,6 +277,7 @@ class AppState:
         except Exception as error:  # Redis not there yet: nothing lost, the first request retries
             log.debug("the broker channel was not opened ahead of the first request: %s", error)
         await self._warm_tokenizers()
+        freeze_startup_heap(collect=False)  # the tokenizers and the broker's channel too
 
     async def _warm_tokenizers(self) -> None:
         """Fetch and build the served models' tokenizers, and render one prompt with each, once a GPU

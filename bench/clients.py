@@ -36,6 +36,8 @@ class StreamTiming:
     error: str | None = None
     frames: int = 0
     """Frames that carried tokens (a server that sends several tokens per delta sends fewer)."""
+    max_gap_s: float = 0.0
+    """The longest wait between two frames that carried tokens (a stall of the server shows here)."""
 
     @property
     def itl_s(self) -> float | None:
@@ -72,11 +74,13 @@ def _data_of(frame: bytes) -> bytes:
 
 
 def _timing(
-    started: float, first: float | None, last: float | None, tokens: int, frames: int
+    started: float, first: float | None, last: float | None, tokens: int, frames: int, max_gap_s: float = 0.0
 ) -> StreamTiming:
     first = first if first is not None else time.perf_counter()
     last = last if last is not None else first
-    return StreamTiming(first - started, last - first, last - started, tokens, frames=frames)
+    return StreamTiming(
+        first - started, last - first, last - started, tokens, frames=frames, max_gap_s=max_gap_s
+    )
 
 
 async def _timed_stream(
@@ -93,6 +97,7 @@ async def _timed_stream(
     first: float | None = None
     last: float | None = None
     counted = 0
+    max_gap_s = 0.0
     reported: int | None = None
     frames = _Frames()
     async with client.stream("POST", url, json=body) as response:
@@ -104,6 +109,8 @@ async def _timed_stream(
             for frame in frames.feed(chunk):
                 if is_token(frame):
                     first = first or now
+                    if last is not None:
+                        max_gap_s = max(max_gap_s, now - last)
                     last = now
                     counted += 1
                 # The last report wins: a server may send ``"usage": null`` before the real one.
@@ -111,7 +118,7 @@ async def _timed_stream(
                 if found is not None:
                     reported = found
     tokens = counted if usage_tokens is None else (reported or 0)
-    return _timing(started, first, last, tokens, counted)
+    return _timing(started, first, last, tokens, counted, max_gap_s)
 
 
 def _is_resq_delta(frame: bytes) -> bool:

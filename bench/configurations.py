@@ -97,6 +97,8 @@ def measure_once(
         "tok_s": streamed / wall,
         "tokens_per_frame": streamed / max(1, sum(timing.frames for timing in timings)),
         "ttft_p50_ms": median([timing.ttft_s * 1000 for timing in timings]),
+        # Every stream's longest wait between deltas: a pause of the whole server shows in most.
+        "max_gap_p50_ms": median([timing.max_gap_s * 1000 for timing in timings]),
         **cpu_accounting.split(before, after, engine, meter.labels).per_token(streamed),
     }
 

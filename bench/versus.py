@@ -58,6 +58,7 @@ METRICS = (
     *(f"server_cpu_us_per_token:{role}" for role in ROLES),
     "tokens_per_frame",
     "ttft_p50_ms",
+    "max_gap_p50_ms",
 )
 PROBE_METRICS = ("ttft1_p50_ms", "ttft1_p90_ms")
 AGENT_METRICS = (

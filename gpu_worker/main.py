@@ -11,7 +11,7 @@ import time
 from contextlib import ExitStack
 
 from celery import Celery
-from celery.signals import worker_shutting_down
+from celery.signals import worker_ready, worker_shutting_down
 from redis import Redis
 
 from gpu_worker import metrics
@@ -31,6 +31,7 @@ from resq.recovery.generations import Generations
 from resq.recovery.reaper import Reaper
 from resq.redis_client import sync_redis
 from resq.settings import Settings
+from resq.startup_heap import freeze_startup_heap
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +142,10 @@ def run(settings: Settings) -> int:
         # The model's shared queue, and this worker's own (jobs routed here for its cached prefixes).
         queue = f"{keys.generate_queue(card.name)},{keys.worker_generate_queue(card.name, worker_id)}"
         log.info("GPU worker %s serving %r; consuming queues %s", worker_id, card.name, queue)
+        # The model, torch and transformers out of the collector's sight before the first job, and
+        # Celery's consumer once it is up: a full collection stopped the engine for ~200 ms.
+        freeze_startup_heap()
+        worker_ready.connect(lambda **_: freeze_startup_heap(collect=False), weak=False)
         exit_code = app.start(
             [
                 *(["--quiet"] if settings.log_format == "json" else []),  # the banner is not JSON
