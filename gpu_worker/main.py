@@ -143,7 +143,7 @@ def run(settings: Settings) -> int:
         queue = f"{keys.generate_queue(card.name)},{keys.worker_generate_queue(card.name, worker_id)}"
         log.info("GPU worker %s serving %r; consuming queues %s", worker_id, card.name, queue)
         # The model, torch and transformers out of the collector's sight before the first job, and
-        # Celery's consumer once it is up: a full collection stopped the engine for ~200 ms.
+        # Celery's consumer once it is up: a full collection stopped the engine for 190-330 ms.
         freeze_startup_heap()
         worker_ready.connect(lambda **_: freeze_startup_heap(collect=False), weak=False)
         exit_code = app.start(

@@ -5,7 +5,7 @@ generation holds everything a process loaded to start: ~100,000 objects in the A
 post-process worker (FastAPI, pydantic's validators, Celery, kombu), ~400,000 in a GPU worker
 (torch, transformers, the model). A full collection, which comes whenever enough objects outlive
 their youth, then stops every thread of the process for that long: 50-60 ms in the API,
-55-115 ms in a post-process worker in the middle of a load, ~200 ms in a GPU worker on a 2-core
+55-115 ms in a post-process worker in the middle of a load, 190-330 ms in a GPU worker on a 2-core
 machine (``docs/benchmarks.md``, "2026-12-07, night"): every stream the process serves stalls.
 None of those objects ever becomes garbage, so once a process has started they go to the
 collector's permanent generation (:func:`gc.freeze`), which it never scans, as vLLM and
