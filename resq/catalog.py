@@ -381,7 +381,8 @@ class AsyncModelCatalog:
                 continue  # a request rebuilt it meanwhile
             card_json = optional_bytes(replies[2 * index])
             card = ModelCard.model_validate_json(card_json) if card_json is not None else None
-            if card is None or not self._counts(replies[2 * index + 1], newest):
+            last_beat = replies[2 * index + 1]
+            if card is None or not self._counts(last_beat, newest):
                 del self._entries[name]
                 continue
             if card != entry.tokenizer.card:
@@ -389,7 +390,13 @@ class AsyncModelCatalog:
                     del self._entries[name]  # another model under this name: get() builds its tokenizer
                     continue
                 entry = self._entries[name] = _Entry(entry.tokenizer.with_card(card))
-            entry.fetched_at = entry.served_at = asked
+            entry.fetched_at = asked
+            # Only a model a live worker serves is vouched for ahead of time. While no worker is
+            # alive (a restart), the last cards stand for a request that asks, as before; renewed
+            # here, a request in the second after another model's worker came up would still be
+            # taken for the old one and wait for a worker that never comes.
+            if served_now(last_beat, self._served_within_s):
+                entry.served_at = asked
 
     async def keep_fresh(self) -> None:
         """:meth:`refresh` every :data:`REFRESH_EVERY_S` until cancelled (the API's lifespan). A refresh

@@ -189,3 +189,28 @@ def test_a_card_of_another_start_of_the_same_model_keeps_the_built_tokenizer(
             await redis_client.aclose()
 
     asyncio.run(run())
+
+
+def test_the_refresher_vouches_only_for_a_model_a_live_worker_serves(private_redis: PrivateRedis) -> None:
+    """While no GPU worker is alive the last cards stand for a request that asks (a restart); the
+    refresher does not renew that answer ahead of time, so a request right after another model's
+    worker came up is refused, not queued for a worker that never comes."""
+    client: redis.Redis = private_redis.client()
+    client.flushdb()
+    register_model(client, card("old"), tiny_tokenizer().tokenizer.to_str())
+
+    async def run() -> tuple[bool, bool]:
+        redis_client = AsyncRedis.from_url(private_redis.url)
+        try:
+            catalog = AsyncModelCatalog(redis_client, SERVED_WITHIN_S)
+            assert await catalog.get("old") is not None
+            client.zadd(keys.MODELS_SERVED, {"old": time.time() - 3 * SERVED_WITHIN_S})  # its worker stopped
+            await asyncio.sleep(SERVED_RECHECK_S + 0.1)
+            await catalog.refresh()  # no worker alive: the card stands, the answer is not renewed
+            kept = "old" in catalog._entries
+            register_model(client, card("new"), tiny_tokenizer().tokenizer.to_str())  # another model's worker
+            return kept, await catalog.get("old") is None
+        finally:
+            await redis_client.aclose()
+
+    assert asyncio.run(run()) == (True, True)
