@@ -380,16 +380,13 @@ class AsyncModelCatalog:
             if self._entries.get(name) is not entry:
                 continue  # a request rebuilt it meanwhile
             card_json = optional_bytes(replies[2 * index])
-            card = ModelCard.model_validate_json(card_json) if card_json is not None else None
             last_beat = replies[2 * index + 1]
-            if card is None or not self._counts(last_beat, newest):
-                del self._entries[name]
+            # The same card, or another start's of the same model: nothing to fetch (None: another model).
+            renewed = _build(card_json, None, entry) if card_json is not None else None
+            if renewed is None or not self._counts(last_beat, newest):
+                del self._entries[name]  # get() decides again, and builds another model's tokenizer
                 continue
-            if card != entry.tokenizer.card:
-                if not entry.tokenizer.card.renders_like(card):
-                    del self._entries[name]  # another model under this name: get() builds its tokenizer
-                    continue
-                entry = self._entries[name] = _Entry(entry.tokenizer.with_card(card))
+            entry = self._entries[name] = renewed
             entry.fetched_at = asked
             # Only a model a live worker serves is vouched for ahead of time. While no worker is
             # alive (a restart), the last cards stand for a request that asks, as before; renewed
