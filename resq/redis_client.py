@@ -15,6 +15,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
+from resq.redis_packing import with_plain_packer
 from resq.redis_urls import transport_options
 
 ASYNC_MAX_CONNECTIONS = 200
@@ -23,14 +24,20 @@ _RETRY_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionResetError)
 
 
 def sync_redis(url: str) -> Redis:
-    """A blocking client (workers, the GPU publisher, the inline post-processor)."""
-    return Redis.from_url(
+    """A blocking client (workers, the GPU publisher, the inline post-processor).
+
+    Its connections pack plain commands in one C call (:mod:`resq.redis_packing`).
+    """
+    client = Redis.from_url(
         url,
         retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=8),
         retry_on_error=list(_RETRY_ERRORS),
         health_check_interval=30,
         **transport_options(url),
     )
+    pool = client.connection_pool
+    pool.connection_class = with_plain_packer(pool.connection_class)
+    return client
 
 
 def async_redis(url: str) -> AsyncRedis:
@@ -38,7 +45,8 @@ def async_redis(url: str) -> AsyncRedis:
 
     Its pool makes a burst wait for a free connection rather than fail: redis-py's
     default async pool raises ``Too many connections`` past 100 at once, which
-    turned a burst of a few hundred requests into 500s (``docs/benchmarks.md``, B4).
+    turned a burst of a few hundred requests into 500s (``docs/benchmarks.md``, B4). Its
+    connections pack plain commands in one C call (:mod:`resq.redis_packing`).
     """
     pool = AsyncBlockingConnectionPool.from_url(
         url,
@@ -49,4 +57,5 @@ def async_redis(url: str) -> AsyncRedis:
         health_check_interval=30,
         **transport_options(url),
     )
+    pool.connection_class = with_plain_packer(pool.connection_class)
     return AsyncRedis.from_pool(pool)
