@@ -34,6 +34,7 @@ from typing import TypeVar
 from redis import Redis
 from redis.asyncio.client import Pipeline as AsyncPipeline
 from redis.client import Pipeline
+from redis.commands.core import Script
 from redis.exceptions import RedisError
 
 from resq import keys
@@ -67,27 +68,53 @@ REPLAY_WINDOW_S = 30.0
 """How long the writer keeps the events it logged, to append them again if Redis loses them.
 ``appendfsync everysec`` loses at most a second or two; a lagging replica promoted may lose more."""
 
-APPEND_LUA = (
-    EVENT_LOG_LENGTH_LUA
-    + """
--- KEYS[1] event log; ARGV[1] sequence number of the first event; ARGV[2..] type/data pairs.
--- Appends the events the log does not hold yet, right after its last one. Returns how many
--- events the log held before: below ARGV[1] nothing was written (appending would leave a
--- gap); -1: the log is gone (the response was deleted; a missing log must not come back).
-local count = event_log_length(KEYS[1])
-local first = tonumber(ARGV[1])
-if count < first then
+_APPEND_EVENTS_LUA = """
+-- Appends to the event log `key` the events of ARGV[from..to] (type/data pairs, numbered from
+-- `first`) that it does not hold yet, right after its last one. Returns how many events the log
+-- held before: below `first` nothing was written (appending would leave a gap); -1: the log is
+-- gone (the response was deleted; a missing log must not come back).
+local function append_events(key, first, from, to)
+  local count = event_log_length(key)
+  if count < first then
+    return count
+  end
+  for index = from, to, 2 do
+    local number = first + (index - from) / 2
+    if number >= count then
+      redis.call('XADD', key, '0-' .. (number + 1), 'type', ARGV[index], 'data', ARGV[index + 1])
+    end
+  end
   return count
 end
-for index = 2, #ARGV, 2 do
-  local number = first + (index - 2) / 2
-  if number >= count then
-    redis.call('XADD', KEYS[1], '0-' .. (number + 1), 'type', ARGV[index], 'data', ARGV[index + 1])
-  end
-end
-return count
+"""
+
+APPEND_LUA = (
+    EVENT_LOG_LENGTH_LUA
+    + _APPEND_EVENTS_LUA
+    + """
+-- KEYS[1] event log; ARGV[1] sequence number of the first event; ARGV[2..] type/data pairs.
+return append_events(KEYS[1], tonumber(ARGV[1]), 2, #ARGV)
 """
 )
+
+APPEND_MANY_LUA = (
+    EVENT_LOG_LENGTH_LUA
+    + _APPEND_EVENTS_LUA
+    + """
+-- KEYS: event logs; ARGV, for each log in turn: the sequence number of its first event, n, then
+-- its n events' type/data pairs. Returns, per log, what APPEND_LUA returns for it.
+local replies = {}
+local at = 1
+for log = 1, #KEYS do
+  local count = tonumber(ARGV[at + 1])
+  replies[log] = append_events(KEYS[log], tonumber(ARGV[at]), at + 2, at + 1 + 2 * count)
+  at = at + 2 + 2 * count
+end
+return replies
+"""
+)
+"""The appends of several logs as one script: one command and one reply for a round of them, and
+one execution unit, so a reader blocked on those logs wakes once for all of them."""
 
 
 class RedisRefusedError(Exception):
@@ -324,12 +351,48 @@ class StagedAppend:
         writer = self._writer
         pipe.evalsha(writer._append.sha, 1, writer._key, self.events[0].sequence_number, *_pairs(self.events))
 
+    def join(self, shared: SharedAppends) -> None:
+        """Add the append to ``shared``, whose one script call appends to every log it holds."""
+        shared.add(self._writer._key, self.events)
+
     def settle(self, reply: object) -> bool:
         """Commit on the common reply (the log held exactly the events before); False otherwise."""
         if reply != self.events[0].sequence_number:
             return False
         self._writer._committed(self.events, len(self.events))
         return True
+
+
+class SharedAppends:
+    """Appends to several event logs, sent as one :data:`APPEND_MANY_LUA` call (the post-process
+    hub's round: one command, one reply and one wake-up of the API's hub for all of them, where a
+    transaction of one ``EVALSHA`` per log cost a queued reply per log and a call per log)."""
+
+    def __init__(self, script: Script) -> None:
+        """``script``: :data:`APPEND_MANY_LUA`, registered with the client that sends it."""
+        self._script = script
+        self._keys: list[str] = []
+        self._args: list[str | bytes | int] = []
+
+    def add(self, key: str, events: list[EncodedEvent]) -> None:
+        """Append ``events`` (consecutive, numbered from the first one's) to the log at ``key``."""
+        self._keys.append(key)
+        self._args += [events[0].sequence_number, len(events), *_pairs(events)]
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def send(self) -> list[int]:
+        """Append them all; each log's reply as :data:`APPEND_LUA` gives it, in the order added.
+
+        One round trip (a ``NOSCRIPT`` after a Redis restart loads the script and sends it again,
+        which is safe: an append skips the events its log holds). Raises what Redis raises; a
+        script that fails appends nothing after the failing log, and a retry of any of them
+        finds what was written.
+        """
+        if not self._keys:
+            return []
+        return [int(reply) for reply in self._script(keys=self._keys, args=self._args)]
 
 
 def _pairs(events: list[EncodedEvent]) -> list[str | bytes]:

@@ -44,6 +44,7 @@ from resq.postprocess.event_log import (
     EventLogWriter,
     LogRewoundError,
     RedisRefusedError,
+    SharedAppends,
     StagedAppend,
     retrying,
 )
@@ -648,7 +649,7 @@ class _Run:
 class _HandedBack:
     """A batch the hub's thread took but this run's thread must finish."""
 
-    def queue(self, pipe: Pipeline) -> int:
+    def queue(self, appends: SharedAppends) -> int:
         return 0
 
     def settle(self, replies: list[Any]) -> bool:
@@ -663,10 +664,10 @@ class _SteadyAppend:
         self._append = append
         self._oldest_entry_id = oldest_entry_id
 
-    def queue(self, pipe: Pipeline) -> int:
+    def queue(self, appends: SharedAppends) -> int:
         if self._append is None:
             return 0
-        self._append.queue(pipe)
+        self._append.join(appends)
         return 1
 
     def settle(self, replies: list[Any]) -> bool:

@@ -45,6 +45,8 @@ from redis.exceptions import RedisError
 
 from resq import keys
 from resq.followed_streams import FollowedStreams, entries_past
+from resq.postprocess import event_log
+from resq.postprocess.event_log import SharedAppends
 from resq.redis_types import (
     StreamEntry,
     StreamId,
@@ -64,15 +66,15 @@ RETRY_PAUSE_S = 0.2
 
 
 class SteadyBatch(Protocol):
-    """Entries a :class:`SteadyConsumer` took on the hub's thread, and the writes they need."""
+    """Entries a :class:`SteadyConsumer` took on the hub's thread, and the appends they need."""
 
-    def queue(self, pipe: Pipeline) -> int:
-        """Queue its writes on the round's shared pipeline; how many commands."""
+    def queue(self, appends: SharedAppends) -> int:
+        """Add its event-log appends to the round's shared ones; how many."""
         ...
 
     def settle(self, replies: list[Any]) -> bool:
-        """Take the replies of its commands (exceptions for the failed ones, or for all when
-        the pipeline failed). False: the consumer's thread must go on from here."""
+        """Take the replies of its appends (an exception for each when the round's call failed).
+        False: the consumer's thread must go on from here."""
         ...
 
 
@@ -272,6 +274,8 @@ class TokenStreamHub:
 
     def __init__(self, redis: Redis, block_ms: int = HUB_BLOCK_MS, count: int = HUB_COUNT) -> None:
         self.redis = redis
+        self._append_many = redis.register_script(event_log.APPEND_MANY_LUA)
+        """The round's steady appends, all in one call (:meth:`_flush`)."""
         self._block_ms = block_ms
         self._count = count
         self._lock = threading.Lock()
@@ -417,21 +421,21 @@ class TokenStreamHub:
                 self._flush(staged)
 
     def _flush(self, staged: list[tuple[_HubStream, SteadyBatch]]) -> None:
-        """Send the round's steady writes in one transaction and settle each batch with its replies."""
-        # A transaction so that the API's event hub, blocked on every log of the round, wakes once
-        # for all of them (and from Redis 7.2 on reads them in one reply), as the GPU worker's
-        # rounds do (gpu_worker.publisher). A refused transaction (EXECABORT, e.g. out of memory)
-        # settles every batch with the error: their readers write again, one by one.
-        pipe = self.redis.pipeline(transaction=True)
-        counts = [batch.queue(pipe) for _, batch in staged]
+        """Send the round's steady appends as one script call and settle each batch with its replies."""
+        # One call, one execution unit: the API's event hub, blocked on every log of the round,
+        # wakes once for all of them (and from Redis 7.2 on reads them in one reply), as the GPU
+        # worker's rounds do (gpu_worker.publisher). A refused call (out of memory, NOSCRIPT twice,
+        # a lost connection) settles every batch with the error: their readers write again, one by
+        # one, and each append skips what its log already holds.
+        appends = SharedAppends(self._append_many)
+        counts = [batch.queue(appends) for _, batch in staged]
         replies: list[Any] = []
-        if any(counts):
+        if len(appends):
             try:
-                replies = pipe.execute(raise_on_error=False)
+                replies = appends.send()
             except Exception as error:  # RedisError, or anything: every batch must be settled
-                # The readers' threads write again with their own retries.
                 log.warning("a steady round's writes failed (%s); their readers write again", error)
-                replies = [error] * sum(counts)
+                replies = [error] * len(appends)
         at = 0
         for (reader, batch), count in zip(staged, counts, strict=True):
             reader.settle(batch, replies[at : at + count])

@@ -680,32 +680,40 @@ def test_events_redis_keeps_refusing_fail_the_response_cleanly(
 ) -> None:
     """Appends refused (injected), the failure itself accepted: ``response.failed``, nothing after."""
     refuse = "resq-test:refuse-appends"
-    monkeypatch.setattr(
-        event_log,
-        "APPEND_LUA",
-        f"if redis.call('EXISTS', '{refuse}') == 1 then\n"
-        "  return redis.error_reply('OOM command not allowed when used memory > maxmemory (injected)')\n"
-        "end\n" + event_log.APPEND_LUA,
-    )
-    start_response(r)
-    background = Background(r, tokenizer)
-    add_entries(r, [StartEntry(7), *chunks(token_ids, 0, 6, 3)])
-    wait_for(lambda: log_length(r) > 2, "the first events")
-    r.set(refuse, "1")
-    add_entries(r, chunks(token_ids, 6, 9, 3))
-    assert background.join() == "failed"
-    events = logged_events(r)
-    final = check_stream(events)
-    assert final["error"]["code"] == "server_error"
-    # The refused batch went out with the failure: the text is what was read, once.
-    assert output_text(final) == deltas(events) == tokenizer.decode(token_ids[:9])
-    assert events[-1]["type"] == types.FAILED
-    assert r.hget(keys.record(RESPONSE_ID), "status") == b"failed"
-    length = log_length(r)
-    r.delete(refuse)
-    add_entries(r, [*chunks(token_ids, 9, len(token_ids), 3), FinishEntry("stop", 7, len(token_ids))])
-    assert postprocess(r, tokenizer) == "done"  # a later post-processor adds nothing
-    assert log_length(r) == length
+    for script in ("APPEND_LUA", "APPEND_MANY_LUA"):  # a writer's own appends, and the hub's rounds
+        monkeypatch.setattr(
+            event_log,
+            script,
+            f"if redis.call('EXISTS', '{refuse}') == 1 then\n"
+            "  return redis.error_reply('OOM command not allowed when used memory > maxmemory (injected)')\n"
+            "end\n" + getattr(event_log, script),
+        )
+    refusing_hub = None
+    if SOURCES.get("current") is not None:  # a hub whose rounds' script is the refusing one too
+        SOURCES["current"] = refusing_hub = TokenStreamHub(r, block_ms=200)
+    try:
+        start_response(r)
+        background = Background(r, tokenizer)
+        add_entries(r, [StartEntry(7), *chunks(token_ids, 0, 6, 3)])
+        wait_for(lambda: log_length(r) > 2, "the first events")
+        r.set(refuse, "1")
+        add_entries(r, chunks(token_ids, 6, 9, 3))
+        assert background.join() == "failed"
+        events = logged_events(r)
+        final = check_stream(events)
+        assert final["error"]["code"] == "server_error"
+        # The refused batch went out with the failure: the text is what was read, once.
+        assert output_text(final) == deltas(events) == tokenizer.decode(token_ids[:9])
+        assert events[-1]["type"] == types.FAILED
+        assert r.hget(keys.record(RESPONSE_ID), "status") == b"failed"
+        length = log_length(r)
+        r.delete(refuse)
+        add_entries(r, [*chunks(token_ids, 9, len(token_ids), 3), FinishEntry("stop", 7, len(token_ids))])
+        assert postprocess(r, tokenizer) == "done"  # a later post-processor adds nothing
+        assert log_length(r) == length
+    finally:
+        if refusing_hub is not None:
+            refusing_hub.close()
 
 
 def test_out_of_memory_leaves_no_gap_and_a_takeover_finishes(
@@ -835,3 +843,41 @@ def test_the_token_stream_is_dropped_only_after_a_terminal_event(r: redis.Redis,
         *sorted(types.TERMINAL_TYPES),
     )
     assert r.exists(keys.tokens(RESPONSE_ID)) == (0 if last == types.COMPLETED else 1)
+
+
+def test_a_rounds_appends_in_one_call_do_what_each_append_does(r: redis.Redis) -> None:
+    """:class:`SharedAppends` (the hub's round): per log, the same reply and the same log as
+    :data:`event_log.APPEND_LUA` on its own: appended, partly held already, a hole, a log gone."""
+
+    def event(number: int) -> EncodedEvent:
+        return EncodedEvent(number, "response.output_text.delta", b'{"n":%d}' % number)
+
+    def prepare(prefix: str) -> list[tuple[str, list[EncodedEvent]]]:
+        cases = {"fresh": (2, [2, 3]), "partly": (3, [1, 2, 3, 4]), "hole": (1, [3, 4]), "gone": (-1, [0])}
+        appends = []
+        for name, (held, numbers) in cases.items():
+            key = f"{prefix}:{name}"
+            r.delete(key)
+            for number in range(max(held, 0)):
+                r.xadd(key, {"type": "x", "data": b"%d" % number}, id=keys.event_entry_id(number))
+            appends.append((key, [event(number) for number in numbers]))
+        return appends
+
+    alone = r.register_script(event_log.APPEND_LUA)
+    one_by_one = [
+        int(alone(keys=[key], args=[events[0].sequence_number, *event_log._pairs(events)]))
+        for key, events in prepare("resq-test:append-alone")
+    ]
+    shared = event_log.SharedAppends(r.register_script(event_log.APPEND_MANY_LUA))
+    together = prepare("resq-test:append-shared")
+    for key, events in together:
+        shared.add(key, events)
+    assert len(shared) == 4
+    assert shared.send() == one_by_one == [2, 3, 1, -1]
+    for name in ("fresh", "partly", "hole", "gone"):
+        assert [fields for _, fields in r.xrange(f"resq-test:append-alone:{name}")] == [
+            fields for _, fields in r.xrange(f"resq-test:append-shared:{name}")
+        ]
+    assert r.xlen("resq-test:append-shared:fresh") == 4 and r.xlen("resq-test:append-shared:partly") == 5
+    assert r.xlen("resq-test:append-shared:hole") == 1 and not r.exists("resq-test:append-shared:gone")
+    assert event_log.SharedAppends(r.register_script(event_log.APPEND_MANY_LUA)).send() == []

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 from redis import Redis
-from redis.client import Pipeline
 
+from resq.events.emitter import EncodedEvent
+from resq.postprocess.event_log import SharedAppends
 from resq.postprocess.token_hub import (
     DirectTokenSource,
     SteadyBatch,
@@ -147,15 +148,16 @@ def test_a_new_stream_does_not_wait_for_the_blocked_read_to_time_out(redis_clien
 
 class Counting:
     """A steady consumer (a fake of the runner's ``_Run``): takes entries whose ``n`` is even,
-    and for each batch it takes INCRs a counter in the hub's shared pipeline."""
+    and for each batch it takes appends one event to its log (``counter``) in the hub's shared
+    appends."""
 
     def __init__(self, counter: str, hand_back_at: int | None = None) -> None:
         self.counter = counter
         self.taken: list[bytes] = []
         self.replies: list[Any] = []
         self.threads: set[str] = set()
-        self.in_transaction: list[bool] = []
-        """Per batch queued: whether the hub's pipeline was a ``MULTI``/``EXEC``."""
+        self.rounds: list[SharedAppends] = []
+        """Per batch queued: the round's shared appends it joined."""
         self._hand_back_at = hand_back_at
 
     def step(self, entries: list[StreamEntry]) -> SteadyBatch | None:
@@ -171,9 +173,11 @@ class _Increment:
         self._consumer = consumer
         self._hand_back = hand_back
 
-    def queue(self, pipe: Pipeline) -> int:
-        self._consumer.in_transaction.append(pipe.transaction)
-        pipe.incr(self._consumer.counter)
+    def queue(self, appends: SharedAppends) -> int:
+        consumer = self._consumer
+        consumer.rounds.append(appends)
+        sequence_number = len(consumer.rounds)  # after the log's opening event
+        appends.add(consumer.counter, [EncodedEvent(sequence_number, "tick", b"{}")])
         return 1
 
     def settle(self, replies: list[Any]) -> bool:
@@ -197,6 +201,8 @@ def test_entries_a_steady_consumer_takes_never_wake_its_reader(redis_client: Red
     keys = [f"test:token-hub:steady:{index}" for index in range(2)]
     counters = [f"{key}:count" for key in keys]
     redis_client.delete(*keys, *counters)
+    for counter in counters:  # an append never brings a missing log back: each has its first event
+        redis_client.xadd(counter, {"type": "opened", "data": "{}"}, id="0-1")
     consumers = [Counting(counter) for counter in counters]
     readers = [hub.open(key) for key in keys]
     results: dict[int, tuple[list[bytes], float]] = {}
@@ -224,11 +230,14 @@ def test_entries_a_steady_consumer_takes_never_wake_its_reader(redis_client: Red
             thread.join(10)
         assert consumers[0].taken == [b"0-1", b"0-2"]
         assert consumers[1].taken == [b"0-1"]
+        # Each append's reply: the events its log held before it.
         assert consumers[0].replies == [1, 2] and consumers[1].replies == [1]
+        assert redis_client.xlen(counters[0]) == 3 and redis_client.xlen(counters[1]) == 2
         assert consumers[0].threads == consumers[1].threads == {"token-hub"}
-        # A round's writes are one transaction: the API's event hub, blocked on every log they
-        # append to, wakes once for all of them (gpu_worker.publisher's rounds, likewise).
-        assert consumers[0].in_transaction == [True, True] and consumers[1].in_transaction == [True]
+        # A round's appends are one script call (SharedAppends.send): the API's event hub, blocked
+        # on every log they append to, wakes once for all of them (gpu_worker.publisher's rounds,
+        # likewise); each round has its own.
+        assert consumers[0].rounds[0] is not consumers[0].rounds[1]
         entries, waited = results[0]
         assert entries == [b"0-3"] and waited < 1.2  # woken by the declined entry
         entries, waited = results[1]
@@ -249,6 +258,7 @@ def test_a_batch_its_consumer_hands_back_wakes_the_reader(redis_client: Redis) -
     key = "test:token-hub:hand-back"
     consumer = Counting(f"{key}:count", hand_back_at=2)
     redis_client.delete(key, consumer.counter)
+    redis_client.xadd(consumer.counter, {"type": "opened", "data": "{}"}, id="0-1")
     reader = hub.open(key)
     try:
         assert reader.read("0-0", 512, 100) == []
