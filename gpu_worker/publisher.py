@@ -317,6 +317,9 @@ class TokenPublisher:
         # round in one reply (docs/benchmarks.md, "a round as one transaction"). Nothing here needs its
         # atomicity: every command is safe to repeat (gpu_worker.pipelines).
         pipe = self._redis.pipeline(transaction=True)
+        # Every request's append is in one script call, the pipeline's first command: one command
+        # and one reply for the round, not an EVALSHA and a queued reply per request.
+        publish_round = self._generations.round()
         # (response id, tokens it adds; _FINISH for a finish entry, _START for a start entry)
         appends: list[tuple[str, int]] = []
         finishing: dict[str, FinishEntry] = {}
@@ -329,7 +332,7 @@ class TokenPublisher:
                 recorded.append(state)
             if state.start_pending:  # queued first: it must precede the request's tokens
                 start = StartEntry(state.prompt_tokens)
-                self._generations.publish(pipe, response_id, state.fence, start, 0)
+                publish_round.add(response_id, state.fence, start, 0)
                 appends.append((response_id, _START))
         for request_id, output in self._pending.items():
             response_id = response_of(request_id)
@@ -354,15 +357,13 @@ class TokenPublisher:
                         )
                 chunk = TokensEntry(new_tokens, logprobs, start=tracked.total, top_logprobs=alternatives)
                 check = round_due and not output.is_finished()
-                self._generations.publish(
-                    pipe, response_id, tracked.fence, chunk, tracked.total, check_cancel=check
-                )
+                publish_round.add(response_id, tracked.fence, chunk, tracked.total, check_cancel=check)
                 appends.append((response_id, len(new_tokens)))
                 if check:
                     checked_by_append.add(response_id)
             if output.is_finished():
                 finish = self._finish_entry(output, tracked)
-                self._generations.publish(pipe, response_id, tracked.fence, finish, finish.output_tokens)
+                publish_round.add(response_id, tracked.fence, finish, finish.output_tokens)
                 appends.append((response_id, _FINISH))
                 finishing[response_id] = finish
         checked = (
@@ -373,6 +374,7 @@ class TokenPublisher:
         if not appends and not checked:
             self._pending, self._held_until = held, held_until
             return
+        publish_round.queue(pipe)
         for response_id in checked:
             pipe.exists(keys.cancel(response_id))
             # Still this claim's? The watchdog (or a reaper that took this worker for dead) may have
@@ -396,7 +398,8 @@ class TokenPublisher:
         diverged: set[str] = set()
         flagged: list[str] = []
         published = 0
-        for (response_id, count), reply in zip(appends, results, strict=False):
+        replies = results[0] if appends else []
+        for (response_id, count), reply in zip(appends, replies, strict=True):
             result = reply
             if count >= 0 and response_id in checked_by_append:
                 result, flag = cancel_checked(reply)
@@ -433,7 +436,8 @@ class TokenPublisher:
             self._abandon({response_id: active[response_id] for response_id in sorted(lost)})
         if diverged:
             self._restart_from_stream(sorted(diverged), active)
-        checks = results[len(appends) : len(appends) + 2 * len(checked)]
+        checks_at = 1 if appends else 0
+        checks = results[checks_at : checks_at + 2 * len(checked)]
         flags, claims = checks[::2], checks[1::2]
         unclaimed = [
             rid

@@ -91,7 +91,7 @@ end
 return {'claimed', epoch, redis.call('HGET', KEYS[1], 'job'), published, cancelled, started}
 """
 
-PUBLISH_LUA: Final = """
+_PUBLISH_ONE_LUA = """
 -- KEYS: generation, tokens[, cancel flag (tokens) or generations set (finish)]; ARGV: owner,
 -- epoch, TTL, kind, at, count, field/value pairs[, the response id (finish with the set)].
 -- Appends only for the current claim, and exactly once: a retried append (its reply was lost)
@@ -101,70 +101,104 @@ PUBLISH_LUA: Final = """
 -- flag's key, {that, 1 when the flag is set}: the publisher's per-round cancel check rides on
 -- the append instead of costing a command of its own. A finish given the generations set takes
 -- the job off it in the same step (the reaper's list, and the admission count).
-local kind = ARGV[4]
-local last = #ARGV
-local listed = KEYS[3] and kind == 'finish'
-local function reply(code)
-  if KEYS[3] and kind == 'tokens' then
-    return {code, redis.call('EXISTS', KEYS[3])}
+-- A function whose KEYS and ARGV are one append's (they shadow the script's own), so that
+-- PUBLISH_LUA runs it once and PUBLISH_ROUND_LUA once per append of a round.
+local function publish_one(KEYS, ARGV)
+  local kind = ARGV[4]
+  local last = #ARGV
+  local listed = KEYS[3] and kind == 'finish'
+  local function reply(code)
+    if KEYS[3] and kind == 'tokens' then
+      return {code, redis.call('EXISTS', KEYS[3])}
+    end
+    return code
   end
-  return code
-end
-local function unlist()
+  local function unlist()
+    if listed then
+      redis.call('ZREM', KEYS[3], ARGV[#ARGV])
+    end
+  end
   if listed then
-    redis.call('ZREM', KEYS[3], ARGV[#ARGV])
+    last = last - 1
   end
-end
-if listed then
-  last = last - 1
-end
-local job = redis.call('HMGET', KEYS[1], 'owner', 'epoch', 'state', 'generated', 'started')
-if job[1] ~= ARGV[1] or job[2] ~= ARGV[2] then
-  if not job[1] and redis.call('EXISTS', KEYS[1]) == 0 then
-    unlist()
-    return reply(-2)
+  local job = redis.call('HMGET', KEYS[1], 'owner', 'epoch', 'state', 'generated', 'started')
+  if job[1] ~= ARGV[1] or job[2] ~= ARGV[2] then
+    if not job[1] and redis.call('EXISTS', KEYS[1]) == 0 then
+      unlist()
+      return reply(-2)
+    end
+    return reply(0)
   end
-  return reply(0)
-end
-if job[3] ~= 'pending' then
-  if job[3] == 'finished' and kind == 'finish' then
-    unlist()
-    return reply(2)
-  end
-  return reply(0)
-end
-local generated = tonumber(job[4]) or 0
-local now = redis.call('TIME')
-local progressed_at = now[1] * 1000 + math.floor(now[2] / 1000)
-if kind == 'tokens' then
-  local at = tonumber(ARGV[5])
-  local count = tonumber(ARGV[6])
-  if generated ~= at then
-    if generated >= at + count then
+  if job[3] ~= 'pending' then
+    if job[3] == 'finished' and kind == 'finish' then
+      unlist()
       return reply(2)
     end
-    return reply(-1)
+    return reply(0)
   end
-  redis.call('HSET', KEYS[1], 'generated', at + count, 'progressed_at', progressed_at)
-elseif kind == 'start' then
-  if job[5] == '1' then
-    return reply(2)
+  local generated = tonumber(job[4]) or 0
+  local now = redis.call('TIME')
+  local progressed_at = now[1] * 1000 + math.floor(now[2] / 1000)
+  if kind == 'tokens' then
+    local at = tonumber(ARGV[5])
+    local count = tonumber(ARGV[6])
+    if generated ~= at then
+      if generated >= at + count then
+        return reply(2)
+      end
+      return reply(-1)
+    end
+    redis.call('HSET', KEYS[1], 'generated', at + count, 'progressed_at', progressed_at)
+  elseif kind == 'start' then
+    if job[5] == '1' then
+      return reply(2)
+    end
+    redis.call('HSET', KEYS[1], 'started', '1', 'progressed_at', progressed_at)
+  elseif kind == 'finish' then
+    -- A finish counts the tokens before it: after an out-of-order tokens append it must not land.
+    if generated < tonumber(ARGV[5]) then
+      return reply(-1)
+    end
+    redis.call('HSET', KEYS[1], 'state', 'finished', 'progressed_at', progressed_at)
+    unlist()
   end
-  redis.call('HSET', KEYS[1], 'started', '1', 'progressed_at', progressed_at)
-elseif kind == 'finish' then
-  -- A finish counts the tokens before it: after an out-of-order tokens append it must not land.
-  if generated < tonumber(ARGV[5]) then
-    return reply(-1)
-  end
-  redis.call('HSET', KEYS[1], 'state', 'finished', 'progressed_at', progressed_at)
-  unlist()
+  redis.call('XADD', KEYS[2], '*', unpack(ARGV, 7, last))
+  local ttl = tonumber(ARGV[3])
+  redis.call('EXPIRE', KEYS[2], ttl)
+  redis.call('EXPIRE', KEYS[1], ttl)
+  return reply(1)
 end
-redis.call('XADD', KEYS[2], '*', unpack(ARGV, 7, last))
-local ttl = tonumber(ARGV[3])
-redis.call('EXPIRE', KEYS[2], ttl)
-redis.call('EXPIRE', KEYS[1], ttl)
-return reply(1)
 """
+
+PUBLISH_LUA: Final = _PUBLISH_ONE_LUA + "return publish_one(KEYS, ARGV)\n"
+"""One fenced, exactly-once append (:meth:`Generations.publish`)."""
+
+PUBLISH_ROUND_LUA: Final = (
+    _PUBLISH_ONE_LUA
+    + """
+-- ARGV, for each append in turn: its key count k, its argument count n, then its n arguments
+-- (PUBLISH_LUA's ARGV); KEYS: each append's k keys (PUBLISH_LUA's KEYS) in the same order.
+-- Returns, per append, what PUBLISH_LUA returns for it.
+local replies = {}
+local key_at, at = 1, 1
+while at <= #ARGV do
+  local key_count, arg_count = tonumber(ARGV[at]), tonumber(ARGV[at + 1])
+  local entry_keys, entry_args = {}, {}
+  for index = 1, key_count do
+    entry_keys[index] = KEYS[key_at + index - 1]
+  end
+  for index = 1, arg_count do
+    entry_args[index] = ARGV[at + 1 + index]
+  end
+  replies[#replies + 1] = publish_one(entry_keys, entry_args)
+  key_at = key_at + key_count
+  at = at + 2 + arg_count
+end
+return replies
+"""
+)
+"""A round's appends of every request as one script call (:class:`PublishRound`): one command
+and one reply instead of one ``EVALSHA`` (and its queued reply) per request."""
 
 UNCLAIM_LUA: Final = """
 -- KEYS[1] generation; ARGV: owner, epoch, now ms, counts as a loss ('1'/'0').
@@ -423,6 +457,7 @@ class Generations:
         self._ttl_s = ttl_s
         self._claim = redis.register_script(CLAIM_LUA)
         self._publish = redis.register_script(PUBLISH_LUA)
+        self._publish_round = redis.register_script(PUBLISH_ROUND_LUA)
         self._unclaim = redis.register_script(UNCLAIM_LUA)
         self._redispatched = redis.register_script(REDISPATCHED_LUA)
         self._end_unowned = redis.register_script(END_UNOWNED_LUA)
@@ -484,6 +519,17 @@ class Generations:
         is set]`` (:func:`cancel_checked`). A finish entry also takes the job off the reaper's list
         (what :meth:`forget` does) in the same step.
         """
+        streams, args = self._append_arguments(response_id, fence, entry, at, check_cancel)
+        self._publish(keys=streams, args=args, client=pipe)
+
+    def round(self) -> PublishRound:
+        """An empty round of appends, to be queued as one command (:class:`PublishRound`)."""
+        return PublishRound(self)
+
+    def _append_arguments(
+        self, response_id: str, fence: Fence, entry: TokenStreamEntry, at: int, check_cancel: bool
+    ) -> tuple[list[str], list[EncodableT]]:
+        """:data:`PUBLISH_LUA`'s KEYS and ARGV for one append (:meth:`publish`)."""
         streams = [keys.generation(response_id), keys.tokens(response_id)]
         fields = _flatten(encode_stream_entry(entry))
         if isinstance(entry, TokensEntry):
@@ -496,11 +542,7 @@ class Generations:
             kind, count = "finish", 0
             streams.append(keys.GENERATIONS)
             fields.append(response_id)
-        self._publish(
-            keys=streams,
-            args=[fence.owner, fence.epoch, self._ttl_s, kind, at, count, *fields],
-            client=pipe,
-        )
+        return streams, [fence.owner, fence.epoch, self._ttl_s, kind, at, count, *fields]
 
     def hand_back(self, response_id: str, fence: Fence, now_ms: int) -> bool:
         """Give an unfinished job back (the worker is stopping); True when it still held it."""
@@ -535,6 +577,41 @@ class Generations:
     def forget(self, response_id: str) -> None:
         """Take an ended (or vanished) job off the reaper's list."""
         self._redis.zrem(keys.GENERATIONS, response_id)
+
+
+class PublishRound:
+    """A round's fenced appends of every request, queued as one :data:`PUBLISH_ROUND_LUA` call.
+
+    Each append is what :meth:`Generations.publish` queues, with the same reply; together they
+    are one command and one reply in the publisher's transaction (one ``EVALSHA`` per request,
+    and a queued reply for each, before). A round that fails fails whole, as its transaction
+    did: every append is safe to send again.
+    """
+
+    def __init__(self, generations: Generations) -> None:
+        self._generations = generations
+        self._keys: list[str] = []
+        self._args: list[EncodableT] = []
+        self._count = 0
+
+    def add(
+        self, response_id: str, fence: Fence, entry: TokenStreamEntry, at: int, check_cancel: bool = False
+    ) -> None:
+        """Add the append :meth:`Generations.publish` would queue for the same arguments."""
+        streams, args = self._generations._append_arguments(response_id, fence, entry, at, check_cancel)
+        self._keys += streams
+        self._args += [len(streams), len(args), *args]
+        self._count += 1
+
+    def __len__(self) -> int:
+        return self._count
+
+    def queue(self, pipe: Pipeline) -> None:
+        """Queue the round on ``pipe`` (nothing when it is empty); its reply is the list of the
+        appends' replies, in the order added. The script rides on ``pipe``'s scripts, so a
+        ``NOSCRIPT`` (a restarted Redis) loads it (:func:`gpu_worker.pipelines.execute`)."""
+        if self._count:
+            self._generations._publish_round(keys=self._keys, args=self._args, client=pipe)
 
 
 def cancel_checked(reply: Any) -> tuple[int, bool]:

@@ -7,6 +7,8 @@ of the session runs reapers that would otherwise act on these tests' records.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -56,10 +58,34 @@ def stage(r: redis.Redis, staged: GenerationJob, at: float | None = None) -> Non
     pipe.execute()
 
 
-def publish(gens: Generations, r: redis.Redis, fence: Fence, entry: object, at: int) -> int:
+PUBLISHING = {"path": "one"}
+"""How :func:`publish` appends: ``one`` (:meth:`Generations.publish`) or ``round`` (a
+:class:`~resq.recovery.generations.PublishRound` of that append), set by :func:`publishing`."""
+
+
+@pytest.fixture(params=["one", "round"])
+def publishing(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The test twice: each append on its own, and as a round (the publisher's path), whose
+    replies and effects must be the same."""
+    PUBLISHING["path"] = request.param
+    yield request.param
+    PUBLISHING["path"] = "one"
+
+
+def publish(
+    gens: Generations, r: redis.Redis, fence: Fence, entry: object, at: int, check_cancel: bool = False
+) -> Any:
+    """One append's reply (``[reply, cancel flag]`` with ``check_cancel``)."""
     pipe = r.pipeline(transaction=False)
-    gens.publish(pipe, RESPONSE, fence, entry, at)  # type: ignore[arg-type]
-    return int(pipe.execute()[0])
+    if PUBLISHING["path"] == "round":
+        publish_round = gens.round()
+        publish_round.add(RESPONSE, fence, entry, at, check_cancel)  # type: ignore[arg-type]
+        publish_round.queue(pipe)
+        (reply,) = pipe.execute()[0]
+    else:
+        gens.publish(pipe, RESPONSE, fence, entry, at, check_cancel)  # type: ignore[arg-type]
+        reply = pipe.execute()[0]
+    return reply if check_cancel else int(reply)
 
 
 def stream_entries(r: redis.Redis, response_id: str = RESPONSE) -> list[object]:
@@ -74,7 +100,7 @@ def field(r: redis.Redis, name: str, response_id: str = RESPONSE) -> str | None:
 # --- claims and fenced appends ---------------------------------------------------------------------
 
 
-def test_one_claim_at_a_time_and_appends_are_fenced_and_exactly_once(r: redis.Redis) -> None:
+def test_one_claim_at_a_time_and_appends_are_fenced_and_exactly_once(r: redis.Redis, publishing: str) -> None:
     gens = Generations(r, TTL_S)
     stage(r, job())
     first = gens.claim(RESPONSE, "gpu-1")
@@ -124,7 +150,9 @@ def test_one_claim_at_a_time_and_appends_are_fenced_and_exactly_once(r: redis.Re
     assert gens.claim(OTHER, "gpu-3").outcome == "missing"
 
 
-def test_a_publish_that_finds_no_job_says_it_is_gone_and_a_finish_unlists_it(r: redis.Redis) -> None:
+def test_a_publish_that_finds_no_job_says_it_is_gone_and_a_finish_unlists_it(
+    r: redis.Redis, publishing: str
+) -> None:
     """A response deleted while it generates (or an unstored stream dropped) loses its job hash: no
     one else will end it, so its publisher must free its admission slot (it once waited 60 s for
     the reaper's grace), where a job taken over keeps its hash and its listing."""
@@ -135,12 +163,39 @@ def test_a_publish_that_finds_no_job_says_it_is_gone_and_a_finish_unlists_it(r: 
     assert publish(gens, r, fence, TokensEntry([7]), 0) == APPENDED
     r.delete(keys.generation(RESPONSE))
     assert publish(gens, r, fence, TokensEntry([8]), 1) == GONE
-    pipe = r.pipeline(transaction=False)
-    gens.publish(pipe, RESPONSE, fence, TokensEntry([8]), 1, check_cancel=True)
-    assert cancel_checked(pipe.execute()[0]) == (GONE, False)
+    assert cancel_checked(publish(gens, r, fence, TokensEntry([8]), 1, check_cancel=True)) == (GONE, False)
     assert r.zscore(keys.GENERATIONS, RESPONSE) is not None  # a tokens append cannot unlist it
     assert publish(gens, r, fence, FinishEntry("stop", 3, 1), 1) == GONE
     assert r.zscore(keys.GENERATIONS, RESPONSE) is None
+
+
+def test_a_round_of_appends_of_several_responses_replies_for_each_in_order(r: redis.Redis) -> None:
+    """A round mixes appends of 2 and 3 keys and of every kind; each gets its own reply and effect."""
+    gens = Generations(r, TTL_S)
+    stage(r, job())
+    stage(r, job(OTHER))
+    mine, other = gens.claim(RESPONSE, "gpu-1").fence, gens.claim(OTHER, "gpu-1").fence
+    assert mine is not None and other is not None
+    r.set(keys.cancel(RESPONSE), "1")
+    publish_round = gens.round()
+    publish_round.add(RESPONSE, mine, StartEntry(3), 0)
+    publish_round.add(RESPONSE, mine, TokensEntry([7, 8]), 0, check_cancel=True)
+    publish_round.add(OTHER, other, TokensEntry([5]), 0)
+    publish_round.add(OTHER, other, FinishEntry("stop", 3, 1), 1)
+    publish_round.add(RESPONSE, mine, TokensEntry([9]), 5)  # a gap: refused, the rest unaffected
+    publish_round.add(RESPONSE, Fence("gpu-2", 1), TokensEntry([9]), 2)  # not the claim: fenced off
+    assert len(publish_round) == 6
+    pipe = r.pipeline(transaction=True)
+    publish_round.queue(pipe)
+    (replies,) = pipe.execute()
+    assert replies == [APPENDED, [APPENDED, 1], APPENDED, APPENDED, -1, FENCED_OFF]
+    assert stream_entries(r) == [StartEntry(3), TokensEntry([7, 8])]
+    assert stream_entries(r, OTHER) == [TokensEntry([5]), FinishEntry("stop", 3, 1)]
+    assert field(r, "generated") == "2" and field(r, "state", OTHER) == "finished"
+    assert r.zscore(keys.GENERATIONS, OTHER) is None and r.zscore(keys.GENERATIONS, RESPONSE) is not None
+    empty = r.pipeline(transaction=True)
+    gens.round().queue(empty)
+    assert len(empty) == 0  # an empty round queues nothing
 
 
 def test_a_claim_says_whether_an_earlier_claim_published_and_whether_the_response_is_cancelled(
