@@ -70,8 +70,14 @@ def test_a_model_registered_after_the_start_has_its_tokenizer_built_before_any_r
         while "warm" not in state.catalog._entries and time.monotonic() < deadline:
             time.sleep(0.05)
         entry = state.catalog._entries["warm"]
-        # Built, and a prompt rendered with it: the template compiled, the prompt encoder made.
+        # Built, and a prompt rendered with it as a request's is: the template compiled, the prompt
+        # encoder made, with its length bound and its pieces' splitter (a first request built those).
         deadline = time.monotonic() + 30
-        while "_prompt_encoder" not in vars(entry.tokenizer) and time.monotonic() < deadline:
+
+        def built() -> set[str]:
+            encoder = vars(entry.tokenizer).get("_prompt_encoder")
+            return set(vars(encoder)) if encoder is not None else set()
+
+        while "_piece_splitter" not in built() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert "_prompt_encoder" in vars(entry.tokenizer)
+        assert {"bytes_per_token", "escaper", "_piece_splitter"} <= built()
