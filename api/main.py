@@ -17,7 +17,7 @@ from api.metrics import HTTPMetricsMiddleware
 from api.openapi import resq_openapi
 from api.routes import chat, conversations, health, metrics, models, responses, socket, stored
 from api.state import AppState
-from resq import __version__
+from resq import __version__, faults
 from resq.settings import Settings, get_settings
 from resq.startup_heap import freeze_startup_heap
 
@@ -36,6 +36,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.resq = state
         # Before uvicorn takes connections: what the API loaded to start out of the collector's
         # sight (resq.startup_heap); a full collection stopped every stream for 50-60 ms.
+        faults.prepare()
         freeze_startup_heap()
         warming = asyncio.create_task(state.warm_up())
         # No request waits for the catalog's round trip to ask whether its model is still served.

@@ -40,6 +40,18 @@ FAULT_EXIT_CODE = 86
 """The exit status of a process ended at its fault point (tests tell it from a crash)."""
 
 
+def prepare() -> None:
+    """Read the fault point now, as the process starts.
+
+    It is read from the settings on first use, and building them from the environment takes ~2 ms:
+    that was the first request's (the API's recording step, a GPU worker's first claim, on the way
+    to the first token) in every process started.
+    """
+    from resq.settings import get_settings  # settings import this module's names
+
+    get_settings()
+
+
 def reached(point: FaultPoint) -> None:
     """End this process at once when ``RESQ_FAULT_POINT`` names ``point``; nothing otherwise."""
     from resq.settings import get_settings  # settings import this module's names

@@ -16,7 +16,7 @@ import socket
 from celery import Celery
 from celery.signals import worker_ready
 
-from resq import keys
+from resq import faults, keys
 from resq.celery_app import make_celery, worker_options
 from resq.heartbeat import Heartbeat, new_worker_id
 from resq.metrics import serve_worker_metrics
@@ -68,6 +68,7 @@ def run(settings: Settings) -> None:
     log.info("post-process worker %s consuming queue %r", worker_id, keys.POSTPROCESS_QUEUE)
     # What the process built to start out of the collector's sight (resq.startup_heap): a full
     # collection stopped every response of the process for 55-115 ms in the middle of a load.
+    faults.prepare()
     freeze_startup_heap()
     worker_ready.connect(lambda **_: freeze_startup_heap(collect=False), weak=False)
     try:

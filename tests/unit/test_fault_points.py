@@ -40,3 +40,20 @@ def test_the_named_point_ends_the_process_at_once() -> None:
 def test_an_unknown_point_is_refused() -> None:
     done = run("gpu.nowhere")
     assert done.returncode != 0 and "fault_point" in done.stderr
+
+
+def test_prepare_reads_the_settings_before_any_point_is_reached() -> None:
+    """A role calls ``faults.prepare`` as it starts: the settings (~2 ms to read from the
+    environment) are then read, and the first point reached (on a first request's way) reads none."""
+    from resq import faults
+    from resq.settings import get_settings
+
+    get_settings.cache_clear()
+    try:
+        faults.prepare()
+        assert get_settings.cache_info().currsize == 1
+        misses = get_settings.cache_info().misses
+        faults.reached("gpu.after_claim")
+        assert get_settings.cache_info().misses == misses
+    finally:
+        get_settings.cache_clear()
