@@ -29,7 +29,7 @@ from resq import keys
 from resq.chat_template import render_chat
 from resq.grammars import AcceptedGrammars
 from resq.prompt_tokens import PromptEncoder
-from resq.redis_types import optional_bytes, scored_members
+from resq.redis_types import optional_bytes, scored_members, texts
 
 log = logging.getLogger(__name__)
 
@@ -283,6 +283,11 @@ class ModelCatalog:
     def __init__(self, redis: Redis) -> None:
         self._redis = redis
         self._entries: dict[str, _Entry] = {}
+
+    def served(self, served_within_s: float) -> list[str]:
+        """The models a GPU worker serving them beat for within the last ``served_within_s``."""
+        since = time.time() - served_within_s
+        return texts(self._redis.zrangebyscore(keys.MODELS_SERVED, since, "+inf"))
 
     def get(self, name: str) -> TextTokenizer | None:
         """The tokenizer of model ``name``, or None when no GPU worker registered it."""

@@ -9,6 +9,8 @@ post-processors that died, as long as this process has room for them.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -24,6 +26,11 @@ from resq.redis_client import sync_redis
 from resq.settings import Settings
 
 log = logging.getLogger(__name__)
+
+WARM_UP_WAIT_S = 600.0
+"""How long a starting post-process worker waits for a GPU worker to serve a model whose tokenizer
+it builds ahead of its first response (as long as ``resq up`` waits for the stack to be ready)."""
+WARM_UP_POLL_S = 0.5
 
 OWNED_ELSEWHERE = "owned-elsewhere"
 """What :meth:`PostprocessService.run` returns when a live post-processor already holds the response."""
@@ -43,8 +50,27 @@ class PostprocessService:
         self._pool = ThreadPoolExecutor(max_workers=self._capacity, thread_name_prefix="postprocess")
 
     def start(self) -> None:
-        """Start renewing leases."""
+        """Start renewing leases, and building the served models' tokenizers (:meth:`warm_up`)."""
         self.leases.start()
+        threading.Thread(target=self.warm_up, name="postprocess-warm-up", daemon=True).start()
+
+    def warm_up(self, wait_s: float = WARM_UP_WAIT_S, poll_s: float = WARM_UP_POLL_S) -> list[str]:
+        """Build the tokenizers of the models GPU workers serve, once one does (polled for up to
+        ``wait_s``), before this worker's first response of each needs them: that response's first
+        delta waited for it (5 ms on the built-in model with its Redis reads, far more for a real
+        vocabulary's megabytes of ``tokenizer.json``), once in every post-process worker started.
+        Best effort: a response builds what is missing. Returns the models it built them for."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                names = self._catalog.served(self._settings.worker_ttl_s)
+                built = [name for name in names if self._catalog.get(name) is not None]
+            except Exception as error:  # Redis away: nothing lost, the first response builds it
+                log.debug("the tokenizers were not built ahead of the first response: %s", error)
+                return []
+            if built or time.monotonic() >= deadline:
+                return built
+            time.sleep(poll_s)
 
     def run(self, response_id: str) -> str:
         """Post-process ``response_id`` here, unless a live post-processor already does (blocking)."""

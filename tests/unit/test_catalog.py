@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import redis
@@ -18,6 +19,8 @@ from resq.catalog import (
     register_model,
     served_now,
 )
+from resq.postprocess.service import PostprocessService
+from resq.settings import Settings
 from tests.support.redis_server import PrivateRedis
 from tests.support.tokenizer import tiny_tokenizer
 
@@ -214,3 +217,25 @@ def test_the_refresher_vouches_only_for_a_model_a_live_worker_serves(private_red
             await redis_client.aclose()
 
     assert asyncio.run(run()) == (True, True)
+
+
+def test_a_post_process_worker_builds_the_served_models_tokenizers_before_its_first_response(
+    private_redis: PrivateRedis,
+) -> None:
+    """``PostprocessService.warm_up`` waits for a GPU worker to serve a model, then builds its
+    tokenizer (a first response built it otherwise); a card no worker serves now is left alone."""
+    client: redis.Redis = private_redis.client()
+    client.flushdb()
+    tokenizer_json = tiny_tokenizer().tokenizer.to_str()
+    register_model(client, card("stale"), tokenizer_json)
+    client.zadd(keys.MODELS_SERVED, {"stale": time.time() - 3600})
+    settings = Settings(redis_url=private_redis.url, worker_ttl_s=SERVED_WITHIN_S)
+    service = PostprocessService(settings, "pp-test")
+    assert service.warm_up(wait_s=0.3, poll_s=0.05) == []  # none served: it gives up after wait_s
+    # A GPU worker comes up while the post-process worker waits for it.
+    threading.Timer(0.3, lambda: register_model(client, card("live"), tokenizer_json)).start()
+    started = time.monotonic()
+    assert service.warm_up(wait_s=10, poll_s=0.05) == ["live"]
+    assert time.monotonic() - started < 5
+    built = service._catalog._entries
+    assert set(built) == {"live"} and built["live"].tokenizer.card.name == "live"
