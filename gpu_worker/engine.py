@@ -41,10 +41,12 @@ resume, as it would the requests of a lost worker, rather than ending them ``fai
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 import queue
 import threading
+import time
 from typing import Any
 
 import torch
@@ -88,6 +90,11 @@ def failure_code(error: str | None) -> FailureCode:
     """The Responses API's ``error.code`` of an output that failed with ``error``."""
     return "invalid_prompt" if error in _REQUEST_FAULTS else "server_error"
 
+
+WARM_UP_REQUEST_ID = "resq-warm-up"
+"""The engine's id of :meth:`Engine.warm_up`'s request (no response is named so: ids are ``resp_...``)."""
+WARM_UP_PROMPT_TOKENS = 16
+WARM_UP_NEW_TOKENS = 4
 
 PREFILL_ONLY_STEPS = 2
 """The steps a prefill-only job (a prewarm) runs, whatever its ``max_output_tokens`` says (the
@@ -261,6 +268,43 @@ class Engine:
     def is_running(self) -> bool:
         """Whether the engine thread is alive."""
         return bool(self._manager.is_running())
+
+    def warm_up(self, timeout_s: float = 120.0) -> bool:
+        """Run one short greedy request through the started engine before any job comes, so that
+        no first request pays for the engine's first prefill and decode steps (the kernels' first
+        runs and the cache's first pages; on a GPU, CUDA's and cuBLAS's lazy initialisation too).
+
+        Call it before the publisher starts: it reads the engine's outputs itself. True when the
+        request ended within ``timeout_s``; otherwise it is cancelled and the worker starts all the
+        same (the first request then pays what is left).
+        """
+        prompt = list(
+            itertools.islice(
+                (t for t in range(self._vocab_size) if t not in self.eos_token_ids), WARM_UP_PROMPT_TOKENS
+            )
+        )
+        job = GenerationJob(
+            response_id=WARM_UP_REQUEST_ID,
+            model=self._loaded.card.name,
+            prompt_token_ids=prompt,
+            max_output_tokens=WARM_UP_NEW_TOKENS,
+            temperature=0.0,
+            top_p=1.0,
+        )
+        if not self.acquire_slot(0):
+            return False
+        try:
+            self.add(job)
+            deadline = time.monotonic() + timeout_s
+            while (remaining := deadline - time.monotonic()) > 0:
+                for output in self.next_outputs(min(remaining, 0.5)):
+                    if output.request_id == WARM_UP_REQUEST_ID and output.is_finished():
+                        return output.status != RequestStatus.FAILED
+            self.cancel(WARM_UP_REQUEST_ID)
+            return False
+        finally:
+            self.forget(WARM_UP_REQUEST_ID)
+            self.release_slot()
 
     # --- requests ------------------------------------------------------------------------------
 
