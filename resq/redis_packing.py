@@ -6,8 +6,8 @@ for memoryviews, then an ``isinstance`` chain and an encoder call per argument. 
 resq's hot paths (the publisher's fenced appends, the post-processors' event
 appends, the API's recording step) a command carries 10 to 20 arguments, and that
 walk cost about 1 us per argument, six times the packing itself (18.6 against 3.0 us
-for an 18-argument ``EVALSHA``, ``docs/benchmarks.md``, "2026-12-07, evening:
-commands packed in C").
+for an 18-argument ``EVALSHA``, ``docs/benchmarks.md``, "2026-12-07, late: commands
+packed in C").
 
 :class:`PlainArgumentsPacker` sends a command whose arguments are all ``str``,
 ``bytes`` or ``int`` (``bool`` excluded: redis-py refuses it) straight to
