@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from transformers.generation.continuous_batching.requests import GenerationOutput
 
 from gpu_worker.engine import Engine
 from gpu_worker.model_loading import LoadedModel
+from resq.settings import Settings
 from resq.wire import GenerationJob
+
+
+@contextmanager
+def started_engine(loaded: LoadedModel, settings: Settings) -> Iterator[Engine]:
+    """An :class:`Engine` of ``loaded`` under ``settings``, started, and stopped on the way out."""
+    engine = Engine(loaded, settings)
+    engine.start()
+    try:
+        yield engine
+    finally:
+        engine.stop()
 
 
 def greedy_job(response_id: str, prompt_ids: list[int], budget: int, **fields: Any) -> GenerationJob:

@@ -16,6 +16,7 @@ from resq.settings import Settings
 from resq.wire import GenerationJob
 from tests.fixture_model import ensure_fixture_model, scenario
 from tests.fixture_model.build import _prompt_ids
+from tests.support.engine import started_engine
 
 
 @pytest.fixture(scope="module")
@@ -26,12 +27,8 @@ def loaded() -> LoadedModel:
 @pytest.fixture(scope="module")
 def engine(loaded: LoadedModel) -> Iterator[Engine]:
     settings = Settings(model=str(ensure_fixture_model()), device="cpu", kv_cache_tokens=4096, logprobs=True)
-    started = Engine(loaded, settings)
-    started.start()
-    try:
+    with started_engine(loaded, settings) as started:
         yield started
-    finally:
-        started.stop()
 
 
 def prompt(loaded: LoadedModel, name: str) -> list[int]:

@@ -10,7 +10,7 @@ from gpu_worker.engine import WARM_UP_REQUEST_ID, Engine
 from gpu_worker.model_loading import LoadedModel, load_model
 from resq.settings import Settings
 from tests.fixture_model import ensure_fixture_model
-from tests.unit.test_engine_logprobs import free_prompt, generate, job
+from tests.support.engine import batch_tokens, chat_prompt_ids, greedy_job, started_engine
 
 
 @pytest.fixture(scope="module")
@@ -21,12 +21,8 @@ def loaded() -> LoadedModel:
 @pytest.fixture(scope="module")
 def engine(loaded: LoadedModel) -> Iterator[Engine]:
     settings = Settings(model=str(ensure_fixture_model()), device="cpu", kv_cache_tokens=4096, max_batch=4)
-    started = Engine(loaded, settings)
-    started.start()
-    try:
+    with started_engine(loaded, settings) as started:
         yield started
-    finally:
-        started.stop()
 
 
 def test_the_warm_up_runs_a_request_to_its_end_and_frees_its_slot(
@@ -39,8 +35,8 @@ def test_the_warm_up_runs_a_request_to_its_end_and_frees_its_slot(
     for _ in range(engine.max_batch):
         engine.release_slot()
     # The engine then generates as before.
-    output = generate(engine, job("resp_after_warm_up", free_prompt(loaded), max_output_tokens=5))
-    assert len(output.generated_tokens) == 5
+    job = greedy_job("resp_after_warm_up", chat_prompt_ids(loaded, "Describe a zebra in many words."), 5)
+    assert len(batch_tokens(engine, [job])["resp_after_warm_up"]) == 5
 
 
 def test_a_warm_up_that_finds_no_slot_does_not_run(engine: Engine) -> None:

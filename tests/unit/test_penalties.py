@@ -21,7 +21,7 @@ from gpu_worker.penalties import INITIAL_ROWS, Penalties, apply_penalties
 from gpu_worker.sampling import next_tokens
 from resq.settings import BUILTIN_MODEL, Settings
 from resq.wire import GenerationJob
-from tests.support.engine import batch_tokens, chat_prompt_ids, greedy_job
+from tests.support.engine import batch_tokens, chat_prompt_ids, greedy_job, started_engine
 
 CPU = torch.device("cpu")
 
@@ -190,13 +190,8 @@ def loaded() -> LoadedModel:
 
 @pytest.fixture(scope="module")
 def engine(loaded: LoadedModel) -> Iterator[Engine]:
-    settings = Settings(model=BUILTIN_MODEL, device="cpu", kv_cache_tokens=4096)
-    started = Engine(loaded, settings)
-    started.start()
-    try:
+    with started_engine(loaded, Settings(model=BUILTIN_MODEL, device="cpu", kv_cache_tokens=4096)) as started:
         yield started
-    finally:
-        started.stop()
 
 
 @pytest.fixture(scope="module")
