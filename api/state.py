@@ -28,7 +28,7 @@ from api.inline import InlinePostprocessor
 from api.rate_limit import RateLimiter
 from api.store import ResponseStore
 from resq import affinity, keys
-from resq.catalog import AsyncModelCatalog
+from resq.catalog import WARM_UP_POLL_S, WARM_UP_WAIT_S, AsyncModelCatalog
 from resq.celery_app import make_celery
 from resq.guarded_step import GuardedStep
 from resq.heartbeat import new_worker_id
@@ -44,10 +44,6 @@ from resq.task_messages import TaskMessages
 
 log = logging.getLogger(__name__)
 
-WARM_UP_WAIT_S = 600.0
-"""How long a starting API waits for a GPU worker to register a model whose tokenizer it builds ahead
-of the first request (as long as ``resq up`` waits for the stack to be ready)."""
-WARM_UP_POLL_S = 0.5
 WARM_UP_OWNER = "resq-warm-up"
 """The prompt-piece owner of the warm-up's prompt (no caller is named so: it only builds the pieces'
 splitter, as a request's first prompt would)."""

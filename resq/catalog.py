@@ -33,6 +33,12 @@ from resq.redis_types import optional_bytes, scored_members, texts
 
 log = logging.getLogger(__name__)
 
+WARM_UP_WAIT_S = 600.0
+"""How long a starting API or post-process worker waits for a GPU worker to serve a model whose
+tokenizer it builds ahead of its first request (as long as ``resq up`` waits for the stack to be
+ready)."""
+WARM_UP_POLL_S = 0.5
+"""How often, meanwhile, it asks whether one does."""
 CARD_REFRESH_S = 5.0
 """How long a process trusts its cached copy of a model card before re-reading it."""
 SERVED_RECHECK_S = 1.0

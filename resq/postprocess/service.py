@@ -17,7 +17,7 @@ from typing import Any
 from redis.client import Pipeline
 
 from resq import keys
-from resq.catalog import ModelCatalog
+from resq.catalog import WARM_UP_POLL_S, WARM_UP_WAIT_S, ModelCatalog
 from resq.postprocess.observed import postprocess_response
 from resq.postprocess.runner import HANDED_OVER, OPENING_READS, stage_opening_reads
 from resq.postprocess.token_hub import TokenSource, TokenStreamHub
@@ -26,11 +26,6 @@ from resq.redis_client import sync_redis
 from resq.settings import Settings
 
 log = logging.getLogger(__name__)
-
-WARM_UP_WAIT_S = 600.0
-"""How long a starting post-process worker waits for a GPU worker to serve a model whose tokenizer
-it builds ahead of its first response (as long as ``resq up`` waits for the stack to be ready)."""
-WARM_UP_POLL_S = 0.5
 
 OWNED_ELSEWHERE = "owned-elsewhere"
 """What :meth:`PostprocessService.run` returns when a live post-processor already holds the response."""
