@@ -132,3 +132,36 @@ def test_a_prefill_only_job_leaves_its_prompt_pages_to_the_next_turn(
         assert len(generated) == tokens
         reused = reused_by(caching, f"resp_{name}_next", chat_prompt_ids(loaded, shared + " Go on."))
         assert (reused > 0) == prefill_only, (name, reused)
+
+
+def test_a_full_cache_evicts_the_prompts_used_longest_ago(loaded: LoadedModel) -> None:
+    """An agent's history, resent every other request while new prompts fill a cache too small for
+    them all, hits on every turn; the new prompt sent first, unused since, made room. transformers
+    evicted every cached block at once when a prompt did not fit (or free room fell under its
+    margin), the agent's history with them: its turn after each such eviction computed it all
+    again (every other turn here)."""
+    settings = Settings(
+        model=str(ensure_fixture_model()), device="cpu", kv_cache_tokens=1024, kv_page_size=PAGE
+    )
+    engine = Engine(loaded, settings)
+    engine.start()
+    try:
+        agent = chat_prompt_ids(
+            loaded, "Agent history: " + " ".join(f"step{k} did {k * 5}" for k in range(30))
+        )
+        others = [
+            chat_prompt_ids(
+                loaded, f"Record {index}: " + " ".join(f"item{index}-{k} costs {k * 3}" for k in range(30))
+            )
+            for index in range(10)
+        ]
+        # Ten prompts of 18+ pages each, and the agent's: several times the cache's 64 pages.
+        assert all(len(prompt) > 18 * PAGE for prompt in others)
+        assert reused_by(engine, "agent-0", agent) == 0
+        whole_pages = len(agent) // PAGE * PAGE
+        for index, prompt in enumerate(others):
+            assert reused_by(engine, f"other-{index}", prompt) == 0
+            assert reused_by(engine, f"agent-{index + 1}", agent) >= whole_pages - PAGE
+        assert reused_by(engine, "other-0-again", others[0]) == 0
+    finally:
+        engine.stop()
