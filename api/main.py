@@ -34,9 +34,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = AppState.build(resolved)
         app.state.resq = state
+        faults.prepare()  # the settings behind the fault points, read now rather than by a first request
         # Before uvicorn takes connections: what the API loaded to start out of the collector's
         # sight (resq.startup_heap); a full collection stopped every stream for 50-60 ms.
-        faults.prepare()
         freeze_startup_heap()
         warming = asyncio.create_task(state.warm_up())
         # No request waits for the catalog's round trip to ask whether its model is still served.

@@ -161,9 +161,9 @@ def run(settings: Settings) -> int:
         # The model's shared queue, and this worker's own (jobs routed here for its cached prefixes).
         queue = f"{keys.generate_queue(card.name)},{keys.worker_generate_queue(card.name, worker_id)}"
         log.info("GPU worker %s serving %r; consuming queues %s", worker_id, card.name, queue)
+        faults.prepare()  # the settings behind the fault points, read now rather than by a first claim
         # The model, torch and transformers out of the collector's sight before the first job, and
         # Celery's consumer once it is up: a full collection stopped the engine for 190-330 ms.
-        faults.prepare()
         freeze_startup_heap()
         worker_ready.connect(lambda **_: freeze_startup_heap(collect=False), weak=False)
         exit_code = app.start(

@@ -66,9 +66,9 @@ def run(settings: Settings) -> None:
     service.start()
     reaper.start()
     log.info("post-process worker %s consuming queue %r", worker_id, keys.POSTPROCESS_QUEUE)
+    faults.prepare()  # the settings behind the fault points, read now rather than by a first response
     # What the process built to start out of the collector's sight (resq.startup_heap): a full
     # collection stopped every response of the process for 55-115 ms in the middle of a load.
-    faults.prepare()
     freeze_startup_heap()
     worker_ready.connect(lambda **_: freeze_startup_heap(collect=False), weak=False)
     try:

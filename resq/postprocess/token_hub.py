@@ -46,7 +46,6 @@ from redis.exceptions import RedisError
 from resq import keys
 from resq.followed_streams import FollowedStreams, entries_past
 from resq.postprocess import event_log
-from resq.postprocess.event_log import SharedAppends
 from resq.redis_types import (
     StreamEntry,
     StreamId,
@@ -68,7 +67,7 @@ RETRY_PAUSE_S = 0.2
 class SteadyBatch(Protocol):
     """Entries a :class:`SteadyConsumer` took on the hub's thread, and the appends they need."""
 
-    def queue(self, appends: SharedAppends) -> int:
+    def queue(self, appends: event_log.SharedAppends) -> int:
         """Add its event-log appends to the round's shared ones; how many."""
         ...
 
@@ -427,7 +426,7 @@ class TokenStreamHub:
         # worker's rounds do (gpu_worker.publisher). A refused call (out of memory, NOSCRIPT twice,
         # a lost connection) settles every batch with the error: their readers write again, one by
         # one, and each append skips what its log already holds.
-        appends = SharedAppends(self._append_many)
+        appends = event_log.SharedAppends(self._append_many)
         counts = [batch.queue(appends) for _, batch in staged]
         replies: list[Any] = []
         if len(appends):

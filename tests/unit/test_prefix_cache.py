@@ -13,7 +13,7 @@ from gpu_worker.model_loading import LoadedModel, load_model
 from resq.settings import Settings
 from resq.wire import GenerationJob
 from tests.fixture_model import ensure_fixture_model
-from tests.support.engine import chat_prompt_ids, greedy_job
+from tests.support.engine import chat_prompt_ids, greedy_job, started_engine
 
 PAGE = 16
 
@@ -143,9 +143,7 @@ def test_a_full_cache_evicts_the_prompts_used_longest_ago(loaded: LoadedModel) -
     settings = Settings(
         model=str(ensure_fixture_model()), device="cpu", kv_cache_tokens=1024, kv_page_size=PAGE
     )
-    engine = Engine(loaded, settings)
-    engine.start()
-    try:
+    with started_engine(loaded, settings) as engine:
         agent = chat_prompt_ids(
             loaded, "Agent history: " + " ".join(f"step{k} did {k * 5}" for k in range(30))
         )
@@ -163,5 +161,3 @@ def test_a_full_cache_evicts_the_prompts_used_longest_ago(loaded: LoadedModel) -
             assert reused_by(engine, f"other-{index}", prompt) == 0
             assert reused_by(engine, f"agent-{index + 1}", agent) >= whole_pages - PAGE
         assert reused_by(engine, "other-0-again", others[0]) == 0
-    finally:
-        engine.stop()
