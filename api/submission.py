@@ -394,12 +394,17 @@ async def accept(
         leading_output=tuple(leading_output),
     )
     # Each turn is stored once (resq.turns): a continuation walks the chain of turns. A chain from
-    # before turns existed, and a conversation's response, keep what they had.
-    input_record: dict[str, Any] = {"items": items.own}
-    if items.conversation_id is not None:
-        input_record["conversation_id"] = items.conversation_id
-    elif not items.linked:
-        input_record["conversation"] = items.sealed_conversation
+    # before turns existed, and a conversation's response, keep what they had. An unstored
+    # response's input is never read back (its input items, its continuation and its item
+    # references all answer 404) unless its conversation takes its items: not written
+    # otherwise, where a Codex turn resends its whole history every time.
+    input_record: dict[str, Any] | None = None
+    if store or items.conversation_id is not None:
+        input_record = {"items": items.own}
+        if items.conversation_id is not None:
+            input_record["conversation_id"] = items.conversation_id
+        elif not items.linked:
+            input_record["conversation"] = items.sealed_conversation
     turn_parent = request.previous_response_id if items.linked else None
     linked_turn = store and items.conversation_id is None and items.linked
 
@@ -490,7 +495,8 @@ class _NewResponse:
     response_id: str
     record: records.NewRecord
     logged: list[EncodedEvent]
-    input_record: dict[str, Any]
+    input_record: dict[str, Any] | None
+    """What its input items are read back from; None for an unstored response (never read)."""
     own: list[dict[str, Any]]
     """Its input items, normalised (the turn's, and the item index's)."""
     turn_parent: str | None
@@ -516,7 +522,8 @@ def _stage_response(pipe: Any, settings: Settings, new: _NewResponse) -> None:
     response_id = new.response_id
     records.create(pipe, response_id, new.record, ttl)
     event_log.stage_first_events(pipe, response_id, new.logged, ttl)
-    pipe.set(keys.input_items(response_id), jsonutil.dumps(new.input_record), ex=ttl)
+    if new.input_record is not None:
+        pipe.set(keys.input_items(response_id), jsonutil.dumps(new.input_record), ex=ttl)
     if new.linked_turn:
         # It may be continued once it ends: no turn may expire before it, nor its children.
         turn_ttl = settings.store_ttl_s + ttl

@@ -223,6 +223,23 @@ def test_store_false_is_not_retrievable(stack: Stack, client: OpenAI, redis_clie
     wait_for(lambda: not response_keys(redis_client, response.id), "the unstored response's keys to go")
 
 
+@pytest.mark.parametrize("store", [True, False])
+def test_only_a_stored_response_records_its_input(
+    client: OpenAI, redis_client: redis.Redis, store: bool
+) -> None:
+    # The input record is written in the step that records the response, before its first event:
+    # at `response.created` a stored response has it, and an unstored one (whose input nobody can
+    # read back) never gets one.
+    with client.responses.create(
+        model=MODEL, input="Say hello.", temperature=0, store=store, stream=True
+    ) as stream:
+        created = next(iter(stream))
+        assert created.type == "response.created"
+        response_id = created.response.id
+        assert redis_client.exists(f"resq:{{{response_id}}}:input") == int(store)
+        assert redis_client.exists(f"resq:{{{response_id}}}:response") == 1
+
+
 def test_stored_keys_get_the_store_ttl_once_final(
     stack: Stack, client: OpenAI, redis_client: redis.Redis
 ) -> None:
