@@ -44,7 +44,18 @@ def conditions(context: dict[str, Any]) -> str:
         f"pooled over rounds); B1 {plan.get('b1_tokens', '?')} output tokens per request, B3 "
         f"{plan.get('b3_streams', '?')} streams of {plan.get('b3_tokens', '?')} tokens, B4 "
         f"{plan.get('b4_tokens', '?')} tokens per request and {plan.get('capacity_streams', '?')} held streams. "
-        f"Models: {models}."
+        f"Models: {models}." + _placement(plan)
+    )
+
+
+def _placement(plan: dict[str, Any]) -> str:
+    # Only a run that changed it says so: the targets are judged on the default shape.
+    workers = plan.get("postprocess_workers", 2)
+    if workers == 2:
+        return ""
+    shape = "inline in the API" if workers == 0 else f"in {workers} post-process worker(s)"
+    return (
+        f" resq post-processed {shape} (`--postprocess-workers {workers}`), not in the default two workers."
     )
 
 

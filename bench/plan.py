@@ -16,6 +16,8 @@ class Plan:
     models: tuple[str, ...] = MODELS
     scenarios: tuple[str, ...] = SCENARIOS
     with_serve: bool = True
+    postprocess_workers: int = 2
+    """resq's post-process workers in B1/B2/B4 (``RESQ_POSTPROCESS_WORKERS``; 0: inline in the API)."""
     b1_concurrencies: tuple[int, ...] = (1, 8, 32)
     b1_tokens: int = 256
     b2_probes: int = 40

@@ -234,7 +234,7 @@ class BenchRun:
         """B1 and B2 (``compare``) and B4's API CPU (``api_cpu``) on ``model``, all systems up at once."""
         plan = self.plan
         up = HttpSystems(
-            stack=ResqStack(self._group, redis_url, model),
+            stack=ResqStack(self._group, redis_url, model, postprocess_workers=plan.postprocess_workers),
             direct=DirectEngine(self._group, redis_url, model) if compare else None,
             upstream=DirectEngine(self._group, redis_url, model, upstream=True) if compare else None,
             serve=TransformersServe(self._group, model) if compare and plan.with_serve else None,

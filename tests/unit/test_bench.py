@@ -750,3 +750,24 @@ def test_a_tree_without_history_takes_its_commit_from_the_environment(
     assert _git_commit(tmp_path) == "unknown"
     monkeypatch.setenv("RESQ_BENCH_COMMIT", "abc1234")
     assert _git_commit(tmp_path) == "abc1234"
+
+
+def test_the_conditions_name_a_post_processing_placement_other_than_the_default() -> None:
+    from bench.document import conditions
+
+    default = conditions({"plan": {"postprocess_workers": 2}})
+    inline = conditions({"plan": {"postprocess_workers": 0}})
+    one = conditions({"plan": {"postprocess_workers": 1}})
+    assert "post-processed" not in default
+    assert "inline in the API (`--postprocess-workers 0`)" in inline
+    assert "in 1 post-process worker(s)" in one
+
+
+def test_a_block_names_the_options_it_was_run_with() -> None:
+    from bench.cli import invocation
+
+    assert invocation([]) == "make bench"
+    assert invocation(["--quick"]) == "resq bench --quick"
+    assert invocation(["--scenario", "b1", "--postprocess-workers", "0"]) == (
+        "resq bench --scenario b1 --postprocess-workers 0"
+    )
