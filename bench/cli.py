@@ -20,7 +20,7 @@ QUIET_HOLD_S = 60.0
 QUIET_MAX_WAIT_S = 1800.0
 
 
-def _csv(allowed: tuple[str, ...]) -> click.Choice:  # type: ignore[type-arg]
+def _choice(allowed: tuple[str, ...]) -> click.Choice:  # type: ignore[type-arg]
     return click.Choice(allowed, case_sensitive=False)
 
 
@@ -74,14 +74,14 @@ def print_table(console: Console, table: Table) -> None:
     "--model",
     "models",
     multiple=True,
-    type=_csv(MODELS),
+    type=_choice(MODELS),
     help="Models for B1/B2 (default: tiny and bench; repeat the option for several).",
 )
 @click.option(
     "--scenario",
     "scenarios",
     multiple=True,
-    type=_csv(SCENARIOS),
+    type=_choice(SCENARIOS),
     help="Scenarios to run (default: all; repeat the option for several: --scenario b1 --scenario b2).",
 )
 @click.option("--no-serve", is_flag=True, help="Leave out the `transformers serve` baseline.")
