@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 from rich.table import Table as RichTable
 
@@ -24,11 +24,22 @@ def _choice(allowed: tuple[str, ...]) -> click.Choice:  # type: ignore[type-arg]
     return click.Choice(allowed, case_sensitive=False)
 
 
-def invocation(arguments: list[str]) -> str:
+def invocation(context: click.Context) -> str:
     """How the run was asked for, as the doc's block names it: ``make bench`` for the default run,
-    otherwise the options given (a block from ``--scenario b1 --postprocess-workers 0`` must not
-    read as a full default run)."""
-    return "resq bench " + " ".join(arguments) if arguments else "make bench"
+    otherwise the options given on the command line (a block from ``--scenario b1
+    --postprocess-workers 0`` must not read as a full default run)."""
+    given: list[str] = []
+    for param in context.command.params:
+        if param.name is None or context.get_parameter_source(param.name) is not ParameterSource.COMMANDLINE:
+            continue
+        flag, value = param.opts[0], context.params[param.name]
+        if isinstance(param, click.Option) and param.is_flag:
+            given.append(flag)
+        elif isinstance(value, tuple):
+            given.extend(f"{flag} {item}" for item in value)
+        else:
+            given.append(f"{flag} {value}")
+    return "resq bench " + " ".join(given) if given else "make bench"
 
 
 def wait_for_quiet(
@@ -88,7 +99,7 @@ def print_table(console: Console, table: Table) -> None:
 @click.option(
     "--postprocess-workers",
     type=click.IntRange(min=0),
-    default=2,
+    default=Plan.postprocess_workers,
     show_default=True,
     help="resq's post-process workers in B1, B2 and B4 (0: post-processing inline in the API, "
     "the single-host shape); the issue's targets are judged on the default.",
@@ -169,7 +180,7 @@ def bench_command(
     results = BenchRun(plan, run_dir, console, redis_url, redis_server).run()
     results.context["duration_s"] = round(time.monotonic() - started)
     results.context["waited_for_quiet"] = quiet
-    results.context["command"] = invocation(sys.argv[1:])
+    results.context["command"] = invocation(click.get_current_context())
     results.save(run_dir / "results.json")
     for table in all_tables(results):
         print_table(console, table)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bench.plan import Plan
 from bench.plot import write_plot
 from bench.report import all_tables, to_markdown
 from bench.results import ResultSet
@@ -50,13 +51,12 @@ def conditions(context: dict[str, Any]) -> str:
 
 def _placement(plan: dict[str, Any]) -> str:
     # Only a run that changed it says so: the targets are judged on the default shape.
-    workers = plan.get("postprocess_workers", 2)
-    if workers == 2:
+    default = Plan.postprocess_workers
+    workers = plan.get("postprocess_workers", default)
+    if workers == default:
         return ""
     shape = "inline in the API" if workers == 0 else f"in {workers} post-process worker(s)"
-    return (
-        f" resq post-processed {shape} (`--postprocess-workers {workers}`), not in the default two workers."
-    )
+    return f" resq post-processed {shape} (`--postprocess-workers {workers}`), not in the default {default}."
 
 
 def results_section(results: ResultSet, plot_name: str | None = None) -> str:

@@ -761,13 +761,18 @@ def test_the_conditions_name_a_post_processing_placement_other_than_the_default(
     assert "post-processed" not in default
     assert "inline in the API (`--postprocess-workers 0`)" in inline
     assert "in 1 post-process worker(s)" in one
+    assert "not in the default 2." in one
 
 
 def test_a_block_names_the_options_it_was_run_with() -> None:
-    from bench.cli import invocation
+    from bench.cli import bench_command, invocation
 
-    assert invocation([]) == "make bench"
-    assert invocation(["--quick"]) == "resq bench --quick"
-    assert invocation(["--scenario", "b1", "--postprocess-workers", "0"]) == (
-        "resq bench --scenario b1 --postprocess-workers 0"
+    def named(arguments: list[str]) -> str:
+        with bench_command.make_context("resq bench", arguments) as context:
+            return invocation(context)
+
+    assert named([]) == "make bench"
+    assert named(["--quick"]) == "resq bench --quick"
+    assert named(["--scenario", "b1", "--scenario", "B2", "--postprocess-workers", "0", "--no-doc"]) == (
+        "resq bench --scenario B1 --scenario B2 --postprocess-workers 0 --no-doc"
     )
