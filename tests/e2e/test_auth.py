@@ -388,9 +388,10 @@ def test_a_key_cannot_learn_from_the_prompt_cache_what_another_key_sent(auth_sta
     guessed, a page at a time).
 
     The key's own turns hit right before and right after the other key's request, so its blocks
-    were there when the other key's 0 was measured. The session's GPU worker evicts every cached
-    block at once when its cache runs low (transformers' scheduler), which can fall between two
-    of these requests: an attempt that sees the key's own blocks gone tries again with a new prompt.
+    were there when the other key's 0 was measured. The session's GPU worker evicts its oldest
+    cached blocks when its cache runs low (gpu_worker.prefix_cache), which can take this prompt's
+    between two of these requests: an attempt that sees the key's own blocks gone tries again with a
+    new prompt.
     """
 
     def cached(api_key: str, secret: str) -> int:
